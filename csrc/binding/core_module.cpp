@@ -1,0 +1,182 @@
+// transformer_engine._core: the thin binding over the C API.
+//
+// Everything crossing it is a plain integer (data pointers, shapes, dtype enums,
+// the stream as cudaStream_t value), so the binding links against neither
+// PyTorch nor JAX and one build serves both. A core error becomes a Python
+// exception carrying the core's message: invalid argument -> ValueError,
+// not implemented -> NotImplementedError, CUDA / internal -> RuntimeError.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "opente/opente.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+void raise_on_error(te_status status) {
+  if (status == TE_SUCCESS) return;
+  const std::string message = te_last_error_message();
+  PyObject* type = status == TE_ERROR_INVALID_ARGUMENT  ? PyExc_ValueError
+                   : status == TE_ERROR_NOT_IMPLEMENTED ? PyExc_NotImplementedError
+                                                        : PyExc_RuntimeError;
+  PyErr_SetString(type, message.c_str());
+  throw nb::python_error();
+}
+
+// Runs a core call without the GIL (CPU ops on large tensors take a while),
+// then raises its error, if any, with the GIL held again.
+template <class Call>
+void call_core(Call&& call) {
+  te_status status;
+  {
+    nb::gil_scoped_release release;
+    status = call();
+  }
+  raise_on_error(status);
+}
+
+template <class T>
+T* as_ptr(uintptr_t address) {
+  return reinterpret_cast<T*>(address);
+}
+
+te_tensor make_tensor(int32_t device_type, int32_t device_index, int32_t dtype, const std::vector<int64_t>& shape,
+                      uintptr_t data, uintptr_t columnwise_data, uintptr_t scale, uintptr_t scale_inv,
+                      uintptr_t amax, int32_t scaling_mode) {
+  if (shape.size() > TE_MAX_DIMS) {
+    throw nb::value_error(("shape has " + std::to_string(shape.size()) + " dims; OpenTE takes at most " +
+                           std::to_string(TE_MAX_DIMS))
+                              .c_str());
+  }
+  te_tensor t{};
+  t.device = te_device{device_type, device_index};
+  t.dtype = dtype;
+  t.ndim = static_cast<int32_t>(shape.size());
+  for (size_t i = 0; i < shape.size(); ++i) t.shape[i] = shape[i];
+  t.data = as_ptr<void>(data);
+  t.columnwise_data = as_ptr<void>(columnwise_data);
+  t.scale = as_ptr<float>(scale);
+  t.scale_inv = as_ptr<float>(scale_inv);
+  t.amax = as_ptr<float>(amax);
+  t.scaling_mode = scaling_mode;
+  return t;
+}
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+  m.doc() = "OpenTE core ops over raw device pointers (see csrc/include/opente/)";
+
+  nb::enum_<te_dtype>(m, "DType", nb::is_arithmetic(), "Element types, numbered as Transformer Engine's DType")
+      .value("kByte", TE_DTYPE_UINT8)
+      .value("kInt32", TE_DTYPE_INT32)
+      .value("kInt64", TE_DTYPE_INT64)
+      .value("kFloat32", TE_DTYPE_FLOAT32)
+      .value("kFloat16", TE_DTYPE_FLOAT16)
+      .value("kBFloat16", TE_DTYPE_BFLOAT16)
+      .value("kFloat8E4M3", TE_DTYPE_FLOAT8_E4M3)
+      .value("kFloat8E5M2", TE_DTYPE_FLOAT8_E5M2);
+
+  nb::enum_<te_device_type>(m, "DeviceType", nb::is_arithmetic())
+      .value("CPU", TE_DEVICE_CPU)
+      .value("CUDA", TE_DEVICE_CUDA);
+
+  nb::enum_<te_scaling_mode>(m, "ScalingMode", nb::is_arithmetic())
+      .value("NONE", TE_SCALING_NONE)
+      .value("PER_TENSOR", TE_SCALING_PER_TENSOR)
+      .value("BLOCK_1D", TE_SCALING_BLOCK_1D)
+      .value("BLOCK_2D", TE_SCALING_BLOCK_2D);
+
+  nb::enum_<te_amax_compute_algo>(m, "AmaxComputeAlgo", nb::is_arithmetic())
+      .value("MAX", TE_AMAX_COMPUTE_MAX)
+      .value("MOST_RECENT", TE_AMAX_COMPUTE_MOST_RECENT);
+
+  nb::class_<te_tensor>(m, "Tensor", "A non-owning tensor descriptor (te_tensor): pointers are integers")
+      .def(
+          "__init__",
+          [](te_tensor* self, int32_t device_type, int32_t device_index, int32_t dtype, const std::vector<int64_t>& shape,
+             uintptr_t data, uintptr_t columnwise_data, uintptr_t scale, uintptr_t scale_inv, uintptr_t amax,
+             int32_t scaling_mode) {
+            new (self) te_tensor(make_tensor(device_type, device_index, dtype, shape, data, columnwise_data, scale,
+                                             scale_inv, amax, scaling_mode));
+          },
+          nb::arg("device_type"), nb::arg("device_index"), nb::arg("dtype"), nb::arg("shape"), nb::arg("data") = 0,
+          nb::arg("columnwise_data") = 0, nb::arg("scale") = 0, nb::arg("scale_inv") = 0, nb::arg("amax") = 0,
+          nb::arg("scaling_mode") = int32_t(TE_SCALING_NONE))
+      .def_prop_ro("dtype", [](const te_tensor& t) { return t.dtype; })
+      .def_prop_ro("shape", [](const te_tensor& t) { return std::vector<int64_t>(t.shape, t.shape + t.ndim); })
+      .def_prop_ro("device", [](const te_tensor& t) { return std::make_tuple(t.device.type, t.device.index); });
+
+  m.def("built_with_cuda", [] { return te_built_with_cuda() != 0; },
+        "True when this build has CUDA kernels (nvcc was found at build time)");
+
+  m.def(
+      "quantize",
+      [](const te_tensor& input, const te_tensor& output, uintptr_t stream) {
+        call_core([&] { return te_quantize(&input, &output, as_ptr<void>(stream)); });
+      },
+      nb::arg("input"), nb::arg("output"), nb::arg("stream") = 0);
+
+  m.def(
+      "dequantize",
+      [](const te_tensor& input, const te_tensor& output, uintptr_t stream) {
+        call_core([&] { return te_dequantize(&input, &output, as_ptr<void>(stream)); });
+      },
+      nb::arg("input"), nb::arg("output"), nb::arg("stream") = 0);
+
+  m.def(
+      "compute_amax",
+      [](const te_tensor& input, uintptr_t amax, uintptr_t stream) {
+        call_core([&] { return te_compute_amax(&input, as_ptr<float>(amax), as_ptr<void>(stream)); });
+      },
+      nb::arg("input"), nb::arg("amax"), nb::arg("stream") = 0);
+
+  m.def(
+      "transpose",
+      [](const te_tensor& input, const te_tensor& output, uintptr_t stream) {
+        call_core([&] { return te_transpose(&input, &output, as_ptr<void>(stream)); });
+      },
+      nb::arg("input"), nb::arg("output"), nb::arg("stream") = 0);
+
+  m.def(
+      "compute_scale_from_amax",
+      [](uintptr_t amax, uintptr_t scale, uintptr_t scale_inv, int32_t fp8_dtype, float epsilon,
+         bool force_pow_2_scales, int32_t device_type, int32_t device_index, uintptr_t stream) {
+        call_core([&] {
+          return te_compute_scale_from_amax(as_ptr<const float>(amax), as_ptr<float>(scale), as_ptr<float>(scale_inv),
+                                            fp8_dtype, epsilon, force_pow_2_scales ? 1 : 0,
+                                            te_device{device_type, device_index}, as_ptr<void>(stream));
+        });
+      },
+      nb::arg("amax"), nb::arg("scale"), nb::arg("scale_inv"), nb::arg("fp8_dtype"), nb::arg("epsilon"),
+      nb::arg("force_pow_2_scales"), nb::arg("device_type"), nb::arg("device_index"), nb::arg("stream") = 0);
+
+  // groups: (amax_history, scale, scale_inv, history_len, num_scales) per group, pointers as integers.
+  m.def(
+      "delayed_scaling_update",
+      [](const std::vector<std::tuple<uintptr_t, uintptr_t, uintptr_t, int64_t, int64_t>>& groups,
+         int32_t amax_compute_algo, int32_t fp8_dtype, float margin, int32_t device_type, int32_t device_index,
+         uintptr_t stream) {
+        std::vector<te_amax_history_group> descs;
+        descs.reserve(groups.size());
+        for (const auto& [history, scale, scale_inv, history_len, num_scales] : groups) {
+          descs.push_back({as_ptr<float>(history), as_ptr<float>(scale), as_ptr<float>(scale_inv), history_len,
+                           num_scales});
+        }
+        call_core([&] {
+          return te_delayed_scaling_update(descs.data(), static_cast<int64_t>(descs.size()), amax_compute_algo,
+                                           fp8_dtype, margin, te_device{device_type, device_index},
+                                           as_ptr<void>(stream));
+        });
+      },
+      nb::arg("groups"), nb::arg("amax_compute_algo"), nb::arg("fp8_dtype"), nb::arg("margin"),
+      nb::arg("device_type"), nb::arg("device_index"), nb::arg("stream") = 0);
+}

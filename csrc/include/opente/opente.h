@@ -1,0 +1,11 @@
+/* OpenTE core C API: include this for every op family. */
+#ifndef OPENTE_OPENTE_H_
+#define OPENTE_OPENTE_H_
+
+#include "opente/quantize.h"
+#include "opente/recipe.h"
+#include "opente/status.h"
+#include "opente/tensor.h"
+#include "opente/transpose.h"
+
+#endif /* OPENTE_OPENTE_H_ */

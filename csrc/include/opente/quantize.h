@@ -1,0 +1,44 @@
+/* FP8 quantization: cast (optionally with transpose), dequantize, amax.
+ *
+ * The FP8 cast computes q = fp8(x * scale): round to nearest even, saturate to
+ * the largest finite value (448 for E4M3, 57344 for E5M2, infinities included),
+ * NaN stays NaN, subnormals exact. The CPU and CUDA implementations agree bit
+ * for bit. A tensor of shape [d0, ..., dn-1] is handled as the matrix
+ * [d0*...*dn-2, dn-1]; a 1-D tensor is one row. */
+#ifndef OPENTE_QUANTIZE_H_
+#define OPENTE_QUANTIZE_H_
+
+#include "opente/status.h"
+#include "opente/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Quantize `input` (float32, float16 or bfloat16, not quantized) into `output`.
+ *
+ * output: dtype float8_e4m3 or float8_e5m2, scaling_mode TE_SCALING_PER_TENSOR,
+ *   the shape of the input, `scale` required. At least one of `data` (row-wise
+ *   result) and `columnwise_data` (its transpose, written in the same pass) must
+ *   be set. `scale_inv`, if set, receives 1/scale. `amax`, if set, is updated to
+ *   max(amax, max|input|) (NaNs ignored): it must hold a non-negative number,
+ *   zero for a fresh reduction (the delayed-scaling update zeroes the current
+ *   history row for exactly this).
+ * stream: a cudaStream_t for CUDA tensors; ignored on the CPU. */
+te_status te_quantize(const te_tensor* input, const te_tensor* output, void* stream);
+
+/* Dequantize `input` (float8_e4m3 or float8_e5m2 per-tensor, row-wise `data` and
+ * `scale_inv` set) into `output` (float32, float16 or bfloat16, same shape):
+ * output = fp8_to_float(q) * scale_inv, rounded to nearest even. */
+te_status te_dequantize(const te_tensor* input, const te_tensor* output, void* stream);
+
+/* amax reduction alone: *amax = max(*amax, max|input|), NaNs ignored.
+ * input: float32, float16 or bfloat16. amax: one fp32 on the input's device,
+ * holding a non-negative number (zero for a fresh reduction). */
+te_status te_compute_amax(const te_tensor* input, float* amax, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* OPENTE_QUANTIZE_H_ */

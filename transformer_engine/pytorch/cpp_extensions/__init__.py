@@ -1,0 +1,22 @@
+"""Thin torch-tensor helpers over the core ops of ``transformer_engine._core``.
+
+Each helper checks its torch arguments (dtype, device, contiguity), describes
+them to the core as raw pointers and shapes, and runs the op on the tensor's
+device and current CUDA stream. FP8 data travels as torch.uint8 tensors with an
+explicit FP8 dtype (as in Transformer Engine); torch.float8_e4m3fn /
+torch.float8_e5m2 tensors are accepted where FP8 data is read.
+"""
+
+from transformer_engine.pytorch.cpp_extensions.cast import compute_amax, dequantize, quantize, transpose
+from transformer_engine.pytorch.cpp_extensions.recipe import compute_scale_from_amax, delayed_scaling_update
+from transformer_engine.pytorch.cpp_extensions.tensor_desc import DType
+
+__all__ = [
+    "DType",
+    "compute_amax",
+    "compute_scale_from_amax",
+    "delayed_scaling_update",
+    "dequantize",
+    "quantize",
+    "transpose",
+]
