@@ -36,7 +36,8 @@ std::string device_string(const te_device& d) {
 void check_device(const te_device& d, const char* arg) {
   OPENTE_CHECK_ARG(d.type == TE_DEVICE_CPU || d.type == TE_DEVICE_CUDA, arg,
                    " device type must be cpu (0) or cuda (1), got ", d.type);
-  OPENTE_CHECK_ARG(d.index >= 0, arg, " device index must be >= 0, got ", d.index);
+  OPENTE_CHECK_ARG(d.type == TE_DEVICE_CUDA ? d.index >= 0 : d.index == 0, arg, " device index must be ",
+                   d.type == TE_DEVICE_CUDA ? ">= 0" : "0 for the CPU", ", got ", d.index);
 #if !OPENTE_WITH_CUDA
   if (d.type == TE_DEVICE_CUDA) fail_without_cuda(arg);
 #endif
@@ -46,8 +47,12 @@ const te_tensor& checked_tensor(const te_tensor* t, const char* arg) {
   OPENTE_CHECK_ARG(t != nullptr, arg, " must not be null");
   OPENTE_CHECK_ARG(t->ndim >= 0 && t->ndim <= TE_MAX_DIMS, arg, " ndim must be in [0, ", TE_MAX_DIMS,
                    "], got ", t->ndim);
+  int64_t elements = 1;
   for (int i = 0; i < t->ndim; ++i) {
     OPENTE_CHECK_ARG(t->shape[i] >= 0, arg, " shape must not be negative, got ", shape_string(*t));
+    // Every later size computation multiplies dims: reject a count int64 cannot hold.
+    OPENTE_CHECK_ARG(!__builtin_mul_overflow(elements, t->shape[i], &elements), arg, " shape ", shape_string(*t),
+                     " has more elements than int64 can count");
   }
   OPENTE_CHECK_ARG(dtype_is_valid(t->dtype), arg, " dtype is not a te_dtype: ", t->dtype);
   OPENTE_CHECK_ARG(t->scaling_mode >= TE_SCALING_NONE && t->scaling_mode <= TE_SCALING_BLOCK_2D, arg,

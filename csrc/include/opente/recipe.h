@@ -37,6 +37,7 @@ typedef struct te_amax_history_group {
 
 /* Delayed scaling, for many groups in one launch. For every scale j of every group:
  *   amax  = max over rows of amax_history[:, j]  (MAX) or amax_history[0, j]  (MOST_RECENT)
+ *           (a NaN anywhere in the window makes amax NaN)
  *   scale = fp8_max / amax / 2^margin  when amax > 0 and finite, else unchanged;
  *           a scale that overflows becomes FLT_MAX
  *   scale_inv = 1 / scale

@@ -32,7 +32,7 @@ __global__ void __launch_bounds__(kThreads)
     const float first = hist[0];
     float amax = first;
     if (use_max) {
-      for (int64_t i = 1; i < g.history_len; ++i) amax = fmaxf(amax, hist[i * g.num_scales]);
+      for (int64_t i = 1; i < g.history_len; ++i) amax = max_propagate_nan(amax, hist[i * g.num_scales]);
     }
     const float scale = delayed_scale(amax, g.scale[j], fp8_max, margin_factor);
     g.scale[j] = scale;

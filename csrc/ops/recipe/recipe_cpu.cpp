@@ -20,7 +20,7 @@ void delayed_scaling_cpu(const DelayedScalingParams& p) {
     for (int64_t j = 0; j < n; ++j) {
       float amax = hist[j];
       if (p.use_max) {
-        for (int64_t i = 1; i < len; ++i) amax = hist[i * n + j] > amax ? hist[i * n + j] : amax;
+        for (int64_t i = 1; i < len; ++i) amax = max_propagate_nan(amax, hist[i * n + j]);
       }
       const float scale = delayed_scale(amax, grp.scale[j], p.fp8_max, p.margin_factor);
       grp.scale[j] = scale;

@@ -21,6 +21,11 @@ OPENTE_HD float current_scale(float amax, float fp8_max, float epsilon, bool for
   return scale;
 }
 
+// max that propagates NaN: a NaN anywhere in an amax history makes the window's
+// amax NaN, so the delayed-scaling update keeps the old scale (as a torch.max
+// over the history would).
+OPENTE_HD float max_propagate_nan(float a, float b) { return (a != a || b != b) ? a + b : (a > b ? a : b); }
+
 // Delayed scaling: fp8_max / amax / 2^margin when amax is positive and finite,
 // else the previous scale; FLT_MAX on overflow.
 OPENTE_HD float delayed_scale(float amax, float old_scale, float fp8_max, float margin_factor) {
