@@ -3,10 +3,11 @@
 // message prefixed with the op's name. No exception crosses the C API.
 #pragma once
 
-#include <sstream>
+#include <stdio.h>
+
 #include <stdexcept>
 #include <string>
-#include <utility>
+#include <type_traits>
 
 #include "opente/status.h"
 
@@ -21,11 +22,26 @@ class Error : public std::runtime_error {
   te_status status_;
 };
 
+// Message building without iostreams: a libstdc++ linked statically into the
+// extension (as one GPU machine's default g++ does) crashed formatting integers
+// through std::ostringstream's locale next to the process's own libstdc++.
+inline void append_part(std::string& s, const char* part) { s += part ? part : "(null)"; }
+inline void append_part(std::string& s, const std::string& part) { s += part; }
+inline void append_part(std::string& s, double part) {
+  char buf[32];
+  snprintf(buf, sizeof(buf), "%g", part);
+  s += buf;
+}
+template <class T, class = std::enable_if_t<std::is_integral_v<T>>>
+void append_part(std::string& s, T part) {
+  s += std::to_string(part);
+}
+
 template <class... Parts>
-std::string concat(Parts&&... parts) {
-  std::ostringstream out;
-  (out << ... << std::forward<Parts>(parts));
-  return out.str();
+std::string concat(const Parts&... parts) {
+  std::string s;
+  (append_part(s, parts), ...);
+  return s;
 }
 
 [[noreturn]] inline void fail(te_status status, const std::string& message) { throw Error(status, message); }

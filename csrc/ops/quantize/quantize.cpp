@@ -35,9 +35,12 @@ extern "C" te_status te_quantize(const te_tensor* input_desc, const te_tensor* o
     check_same_shape(in, "input", out, "output");
     check_same_device(in.device, "input", out.device, "output");
     check_pointer(out.scale, "output", "scale");
-    OPENTE_CHECK_ARG(out.data || out.columnwise_data, "output.data and output.columnwise_data must not both be null");
     const MatrixShape m = matrix_shape(in);
-    if (m.rows * m.cols > 0) check_pointer(in.data, "input", "data");
+    if (m.rows * m.cols > 0) {
+      check_pointer(in.data, "input", "data");
+      OPENTE_CHECK_ARG(out.data || out.columnwise_data,
+                       "output.data and output.columnwise_data must not both be null");
+    }
 
     const QuantizeParams p{in.data, out.data, out.columnwise_data, out.scale, out.scale_inv, out.amax,
                            m.rows, m.cols, te_dtype(in.dtype), te_dtype(out.dtype)};

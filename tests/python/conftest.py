@@ -1,0 +1,41 @@
+"""Shared fixtures: the device parameter and a per-test seeded generator.
+
+Every test that takes `device` runs on "cpu", and on "cuda" only where torch
+sees a GPU *and* the core was built with CUDA kernels; elsewhere the CUDA
+variant is skipped, not failed.
+"""
+
+import zlib
+
+import pytest
+import torch
+
+from transformer_engine import _core
+
+HAVE_CUDA = torch.cuda.is_available() and _core.built_with_cuda()
+CUDA_SKIP_REASON = (
+    "needs a CUDA device and a CUDA build of OpenTE "
+    f"(torch.cuda.is_available()={torch.cuda.is_available()}, built_with_cuda={_core.built_with_cuda()})"
+)
+requires_cuda = pytest.mark.skipif(not HAVE_CUDA, reason=CUDA_SKIP_REASON)
+
+DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    return request.param
+
+
+@pytest.fixture
+def seed(request):
+    # Stable across runs and machines, different for every test case, so a
+    # failure reproduces with the same data.
+    return zlib.crc32(request.node.nodeid.encode())
+
+
+@pytest.fixture
+def gen(seed):
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
