@@ -101,7 +101,7 @@ OPENTE_HD uint8_t float_to_fp8_bits(float f) {
   const uint32_t u = float_bits(f);
   const uint8_t sign = uint8_t((u >> 24) & 0x80u);
   const uint32_t mag = u & 0x7fffffffu;
-  if (mag > 0x7f800000u) return uint8_t(sign | Fmt::kNaN);
+  if (mag > 0x7f800000u) return Fmt::kNaN;  // canonical, sign dropped: what cvt.satfinite and a GPU multiply give
   if (mag >= Fmt::kMaxAsFloatBits) return uint8_t(sign | Fmt::kMaxBits);  // saturate, inf too
   if (mag < 0x00800000u) return sign;  // fp32 subnormals are far below FP8's smallest step
   const int exp = int(mag >> 23) - 127;

@@ -2,7 +2,8 @@
  *
  * The FP8 cast computes q = fp8(x * scale): round to nearest even, saturate to
  * the largest finite value (448 for E4M3, 57344 for E5M2, infinities included),
- * NaN stays NaN, subnormals exact. The CPU and CUDA implementations agree bit
+ * NaN stays NaN (the canonical code 0x7f, whatever the input NaN's sign),
+ * subnormals exact. The CPU and CUDA implementations agree bit
  * for bit. A tensor of shape [d0, ..., dn-1] is handled as the matrix
  * [d0*...*dn-2, dn-1]; a 1-D tensor is one row. */
 #ifndef OPENTE_QUANTIZE_H_
@@ -29,7 +30,8 @@ te_status te_quantize(const te_tensor* input, const te_tensor* output, void* str
 
 /* Dequantize `input` (float8_e4m3 or float8_e5m2 per-tensor, row-wise `data` and
  * `scale_inv` set) into `output` (float32, float16 or bfloat16, same shape):
- * output = fp8_to_float(q) * scale_inv, rounded to nearest even. */
+ * output = fp8_to_float(q) * scale_inv, rounded to nearest even. A NaN code
+ * gives a NaN whose sign and payload are unspecified. */
 te_status te_dequantize(const te_tensor* input, const te_tensor* output, void* stream);
 
 /* amax reduction alone: *amax = max(*amax, max|input|), NaNs ignored.
