@@ -22,8 +22,11 @@ from fp8_reference import (
 )
 from transformer_engine.pytorch.cpp_extensions import DType, quantize
 
-# () is a scalar (one element), (7,) one row; the rest are not multiples of 8/16/64.
-SHAPES = [(), (1, 1), (7,), (3, 17), (2, 5, 33), (0, 16), (61, 127)]
+# () is a scalar (one element), (7,) one row; (3, 17) ... (61, 127) are not
+# multiples of 8/16/64 (the kernels' general paths); (8, 8), (24, 40), (136, 72)
+# are multiples of 8 but not of the 128 x 64 tile (the fast cast+transpose path
+# with partial tiles), small enough for compute-sanitizer.
+SHAPES = [(), (1, 1), (7,), (3, 17), (2, 5, 33), (0, 16), (61, 127), (8, 8), (24, 40), (136, 72)]
 LARGE_SHAPES = [(4096, 4095), (16384, 4096), (3, 333, 1001)]
 LAYOUTS = {"rowwise": (True, False), "columnwise": (False, True), "both": (True, True)}
 
@@ -145,3 +148,22 @@ def test_quantize_accepts_torch_fp8_dtypes(device, fp8_dtype, gen):
     a, *_ = quantize(x, fp8_dtype, scale)
     b, *_ = quantize(x, TORCH_FP8[fp8_dtype], scale)
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("in_dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_quantize_misaligned_input(device, layout, in_dtype, gen):
+    """A contiguous view that starts one element into its storage is not 16-byte
+    aligned: the kernels must take their general paths and still agree."""
+    fp8_dtype, scale = DType.kFloat8E4M3, random_scale(gen)
+    base = spread_input((1 + 64 * 40,), in_dtype, fp8_dtype, scale, gen)
+    x = base[1:].view(64, 40)
+    if device == "cuda":
+        check_against_cpu_core(base.cuda()[1:].view(64, 40), fp8_dtype, scale, layout)
+        return
+    data, data_t, _, _ = run_quantize(x, fp8_dtype, scale, layout)
+    expected = ref_quantize(x, fp8_dtype, scale)
+    if data is not None:
+        assert_fp8_equal(data, expected, fp8_dtype)
+    if data_t is not None:
+        assert_fp8_equal(data_t, ref_columnwise(expected), fp8_dtype)

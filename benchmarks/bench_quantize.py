@@ -1,0 +1,109 @@
+"""Bandwidth of OpenTE's FP8 cast kernels, side by side with the device's copy
+bandwidth and with the same work done in plain PyTorch, in one run.
+
+    python3 benchmarks/bench_quantize.py            # needs a CUDA GPU
+
+Bytes counted per element (bf16 input): quantize 2 read + 1 written, cast+transpose
+2 + 1 + 1, dequantize 1 + 2, amax 2. The PyTorch baselines do the same work:
+amax then cast for quantize (plus .t().contiguous() for cast+transpose),
+(q.float() * scale_inv).bfloat16() for dequantize, x.abs().amax() for amax.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from transformer_engine import _core
+from transformer_engine.pytorch.cpp_extensions.tensor_desc import describe
+
+E4M3 = _core.DType.kFloat8E4M3
+PER_TENSOR = _core.ScalingMode.PER_TENSOR
+
+
+def time_us(fn, iters: int, warmup: int = 5) -> float:
+    """Median time of one call in microseconds, timed with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def copy_bandwidth(iters: int) -> float:
+    """Device-to-device copy of 1 GiB, bytes read + written per second."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    us = time_us(lambda: dst.copy_(src), iters)
+    return 2 * src.numel() / (us * 1e-6)
+
+
+def bench_shape(rows: int, cols: int, copy_bw: float, iters: int):
+    x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16) * 3
+    n = x.numel()
+    stream = torch.cuda.current_stream().cuda_stream
+    scale = torch.full((1,), 448.0 / 16, device="cuda")
+    scale_inv = torch.empty(1, device="cuda")
+    amax = torch.zeros(1, device="cuda")
+    q = torch.empty(rows, cols, dtype=torch.uint8, device="cuda")
+    q_t = torch.empty(cols, rows, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+
+    x_desc = describe(x, "x")
+    dev = x_desc.device
+    rowwise = _core.Tensor(*dev, int(E4M3), [rows, cols], q.data_ptr(), 0, scale.data_ptr(), scale_inv.data_ptr(),
+                           amax.data_ptr(), int(PER_TENSOR))
+    both = _core.Tensor(*dev, int(E4M3), [rows, cols], q.data_ptr(), q_t.data_ptr(), scale.data_ptr(),
+                        scale_inv.data_ptr(), amax.data_ptr(), int(PER_TENSOR))
+    fp8_in = _core.Tensor(*dev, int(E4M3), [rows, cols], q.data_ptr(), 0, 0, scale_inv.data_ptr(), 0,
+                          int(PER_TENSOR))
+    y_desc = describe(y, "y")
+
+    def torch_quantize():
+        torch.amax(x.abs())
+        return (x.float() * scale).to(torch.float8_e4m3fn)
+
+    cases = [
+        ("quantize", 3 * n, lambda: _core.quantize(x_desc, rowwise, stream), torch_quantize),
+        ("cast+transpose", 4 * n, lambda: _core.quantize(x_desc, both, stream),
+         lambda: torch_quantize().t().contiguous()),
+        ("dequantize", 3 * n, lambda: _core.dequantize(fp8_in, y_desc, stream),
+         lambda: (q.view(torch.float8_e4m3fn).float() * scale_inv).to(torch.bfloat16)),
+        ("amax", 2 * n, lambda: _core.compute_amax(x_desc, amax.data_ptr(), stream), lambda: torch.amax(x.abs())),
+    ]
+    rows_out = []
+    for name, nbytes, ours, baseline in cases:
+        ours_us = time_us(ours, iters)
+        torch_us = time_us(baseline, iters)
+        bw = nbytes / (ours_us * 1e-6)
+        rows_out.append((name, f"{rows}x{cols}", ours_us, bw / 1e9, bw / copy_bw, torch_us, torch_us / ours_us))
+    return rows_out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--iters", type=int, default=100)
+    args = parser.parse_args()
+    if not torch.cuda.is_available() or not _core.built_with_cuda():
+        raise SystemExit("bench_quantize.py needs a CUDA GPU and a CUDA build of OpenTE")
+
+    copy_bw = copy_bandwidth(args.iters)
+    print(f"device: {torch.cuda.get_device_name()}  copy bandwidth (read+write): {copy_bw / 1e9:.0f} GB/s")
+    header = ("op", "shape (bf16)", "OpenTE us", "GB/s", "of copy BW", "PyTorch us", "speed-up")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for rows, cols in ((8192, 8192), (16384, 4096)):
+        for name, shape, us, gbs, frac, torch_us, speedup in bench_shape(rows, cols, copy_bw, args.iters):
+            print(f"| {name} | {shape} | {us:.1f} | {gbs:.0f} | {frac:.1%} | {torch_us:.1f} | {speedup:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

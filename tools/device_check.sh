@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Everything the lent GPU machine checks, in one call (see README, "GPU tests"):
+# a clean build with all cores, the test suites on CUDA, the benchmarks, and
+# compute-sanitizer (memcheck, racecheck) over the GPU tests (all but the
+# *_cuda_large ones, which take minutes under the sanitizer). Logs go to $OUT.
+#
+#   run(command="bash tools/device_check.sh")            # from the device tool
+#   STEPS="build tests" bash tools/device_check.sh       # a subset
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/opente_device}
+STEPS=${STEPS:-"build tests bench sanitizer"}
+JOBS=$(nproc)
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
+status=0
+step() { [[ " $STEPS " == *" $1 "* ]]; }
+note() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+
+if step build; then
+  rm -rf build/device
+  SECONDS=0
+  # the C++ tests are CPU-only (CI runs them); the GPU machine builds core + binding
+  if python3 -m pip install --no-build-isolation --no-deps -v . -C build-dir=build/device >"$OUT/build.log" 2>&1; then
+    note "clean build ($JOBS cores): ${SECONDS} s"
+  else
+    note "BUILD FAILED (see build.log)"; tail -30 "$OUT/build.log"; exit 1
+  fi
+  python3 -c "import transformer_engine as te; print('built_with_cuda', te._core.built_with_cuda())"
+  note "compiler: $(grep -m1 -E 'The CXX compiler identification' "$OUT/build.log" || c++ --version | head -1)"
+fi
+
+if step tests; then
+  # pytest, not python -m pytest: the installed package, not the source tree
+  pytest -q -rs tests/python 2>&1 | tee "$OUT/pytest.log" | tail -15
+  rc=${PIPESTATUS[0]}
+  note "pytest: $(tail -1 "$OUT/pytest.log")"; [ "$rc" = 0 ] || status=1
+fi
+
+if step bench; then
+  python3 benchmarks/bench_quantize.py 2>&1 | tee "$OUT/bench_quantize.log"
+fi
+
+if step sanitizer; then
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 \
+      pytest -q -x -k "cuda and not large" tests/python >"$OUT/sanitizer_$tool.log" 2>&1
+    rc=$?
+    note "compute-sanitizer $tool: rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1) | $(grep -E 'passed|failed' "$OUT/sanitizer_$tool.log" | tail -1)"
+    [ "$rc" = 0 ] || status=1
+  done
+fi
+
+cat "$OUT/summary.txt"
+exit $status
