@@ -24,23 +24,24 @@ PER_TENSOR = _core.ScalingMode.PER_TENSOR
 
 
 def time_us(fn, iters: int, warmup: int = 5) -> float:
-    """Median time of one call in microseconds, timed with CUDA events."""
+    """Median time of one call in microseconds, from CUDA events around each call.
+
+    All calls are queued before the host waits, so the GPU never idles between
+    them and the events time the kernels, not the host's launch latency."""
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for start, end in events:
         start.record()
         fn()
         end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) * 1e3 for start, end in events)
 
 
-def copy_bandwidth(iters: int) -> float:
-    """Device-to-device copy of 1 GiB, bytes read + written per second."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_()
+def copy_bandwidth(nbytes: int, iters: int) -> float:
+    """Device-to-device copy of `nbytes`, bytes read + written per second."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
     dst = torch.empty_like(src)
     us = time_us(lambda: dst.copy_(src), iters)
     return 2 * src.numel() / (us * 1e-6)
@@ -95,8 +96,12 @@ def main():
     if not torch.cuda.is_available() or not _core.built_with_cuda():
         raise SystemExit("bench_quantize.py needs a CUDA GPU and a CUDA build of OpenTE")
 
-    copy_bw = copy_bandwidth(args.iters)
-    print(f"device: {torch.cuda.get_device_name()}  copy bandwidth (read+write): {copy_bw / 1e9:.0f} GB/s")
+    # The ceiling: a 1 GiB copy. A copy of the input's size shows how much of any
+    # gap is the fixed cost of a ~50 us kernel (launch, ramp-up, tail).
+    copy_bw = copy_bandwidth(1 << 30, args.iters)
+    same_size_bw = copy_bandwidth(8192 * 8192 * 2, args.iters)
+    print(f"device: {torch.cuda.get_device_name()}  copy bandwidth (read+write): {copy_bw / 1e9:.0f} GB/s "
+          f"(1 GiB), {same_size_bw / 1e9:.0f} GB/s (128 MiB, the size of one bf16 input)")
     header = ("op", "shape (bf16)", "OpenTE us", "GB/s", "of copy BW", "PyTorch us", "speed-up")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))

@@ -9,7 +9,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/opente_device}
-STEPS=${STEPS:-"build tests bench sanitizer"}
+STEPS=${STEPS:-"build tests bench sanitizer"}  # also: profile (ncu over the cast kernels)
 JOBS=$(nproc)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
@@ -28,7 +28,7 @@ if step build; then
   else
     note "BUILD FAILED (see build.log)"; tail -30 "$OUT/build.log"; exit 1
   fi
-  python3 -c "import transformer_engine as te; print('built_with_cuda', te._core.built_with_cuda())"
+  (cd /tmp && python3 -c "import transformer_engine as te; print('built_with_cuda', te._core.built_with_cuda())")
   note "compiler: $(grep -m1 -E 'The CXX compiler identification' "$OUT/build.log" || c++ --version | head -1)"
 fi
 
@@ -41,6 +41,13 @@ fi
 
 if step bench; then
   python3 benchmarks/bench_quantize.py 2>&1 | tee "$OUT/bench_quantize.log"
+fi
+
+if step profile; then
+  ncu --clock-control none --kernel-name regex:"cast|amax|dequantize" --launch-count 8 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+    python3 benchmarks/bench_quantize.py --iters 1 >"$OUT/ncu.log" 2>&1
+  note "ncu: rc=$?, $(grep -c 'SOL' "$OUT/ncu.log") kernel reports in ncu.log"
 fi
 
 if step sanitizer; then

@@ -1,5 +1,7 @@
 #include <algorithm>
 #include <atomic>
+#include <mutex>
+#include <unordered_map>
 
 #include "common/cuda_utils.h"
 
@@ -18,9 +20,27 @@ int multiprocessor_count(int device) {
   return count;
 }
 
-int64_t grid_stride_blocks(int64_t work_items, int threads, int device) {
+namespace {
+
+// Occupancy of a kernel at a block size, computed once per kernel.
+int resident_blocks_per_sm(const void* kernel, int threads) {
+  static std::mutex mutex;
+  static std::unordered_map<const void*, int> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(kernel);
+  if (it != cache.end()) return it->second;
+  int blocks = 0;
+  cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0),
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  cache.emplace(kernel, std::max(blocks, 1));
+  return std::max(blocks, 1);
+}
+
+}  // namespace
+
+int64_t grid_stride_blocks(const void* kernel, int threads, int64_t work_items, int device) {
   const int64_t wanted = (work_items + threads - 1) / threads;
-  const int64_t resident = int64_t(multiprocessor_count(device)) * (2048 / threads);
+  const int64_t resident = int64_t(resident_blocks_per_sm(kernel, threads)) * multiprocessor_count(device);
   return std::max<int64_t>(1, std::min(wanted, resident));
 }
 

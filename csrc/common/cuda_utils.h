@@ -39,9 +39,10 @@ class DeviceGuard {
 // Streaming multiprocessors of `device`, queried once per device.
 int multiprocessor_count(int device);
 
-// Blocks for a grid-stride kernel: one thread per work item, capped at what
-// stays resident on all SMs (the kernel strides over the rest). At least 1.
-int64_t grid_stride_blocks(int64_t work_items, int threads, int device);
+// Blocks for a kernel that strides over its work: one thread per work item,
+// capped at the blocks of `kernel` that are resident on all SMs at once (from
+// its occupancy, so the grid is a single wave). At least 1.
+int64_t grid_stride_blocks(const void* kernel, int threads, int64_t work_items, int device);
 
 inline bool is_aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 

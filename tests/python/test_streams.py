@@ -40,7 +40,7 @@ def test_dequantize_uses_current_stream():
     src = torch.arange(256 * 64, device="cuda").remainder(256).to(torch.uint8).reshape(256, 64)
     s_inv = torch.full((1,), 0.5, device="cuda")
     got = on_side_stream(lambda: src, lambda x: dequantize(x, s_inv, DType.kFloat8E5M2))
-    torch.testing.assert_close(got, dequantize(src.cpu(), s_inv.cpu(), DType.kFloat8E5M2), rtol=0, atol=0,
+    torch.testing.assert_close(got.cpu(), dequantize(src.cpu(), s_inv.cpu(), DType.kFloat8E5M2), rtol=0, atol=0,
                                equal_nan=True)
 
 

@@ -1,5 +1,6 @@
 // amax = max(amax, max|x|): a flat reduction, one atomic per block.
 #include "common/cuda_elements.cuh"
+#include "common/cuda_flat_loop.cuh"
 #include "common/cuda_reduce.cuh"
 #include "common/cuda_utils.h"
 #include "common/dtype.h"
@@ -16,29 +17,15 @@ __global__ void __launch_bounds__(kThreads)
     amax_kernel(const In* __restrict__ in,  // [n]
                 float* __restrict__ amax, int64_t n) {
   float local_amax = 0.0f;
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  int64_t tail_start = 0;
+  const int64_t num_vec = kVectorized ? n / 8 : 0;
   if constexpr (kVectorized) {
-    const int64_t num_vec = n / 8;
-    const auto* vin = reinterpret_cast<const Vec8<In>*>(in);
-    for (int64_t base = tid; base < num_vec; base += stride * kUnroll) {
-      Vec8<In> x[kUnroll];
+    for_each_vector<kThreads, kUnroll>(reinterpret_cast<const Vec8<In>*>(in), num_vec,
+                                       [&](int64_t, const Vec8<In>& x) {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (base + u * stride < num_vec) x[u] = vin[base + u * stride];
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (base + u * stride < num_vec) {
-#pragma unroll
-          for (int k = 0; k < 8; ++k) local_amax = fmaxf(local_amax, fabsf(to_float(x[u].v[k])));
-        }
-      }
-    }
-    tail_start = num_vec * 8;
+                                         for (int k = 0; k < 8; ++k) local_amax = fmaxf(local_amax, fabsf(to_float(x.v[k])));
+                                       });
   }
-  for (int64_t i = tail_start + tid; i < n; i += stride) local_amax = fmaxf(local_amax, fabsf(to_float(in[i])));
+  for_each_element(num_vec * 8, n, [&](int64_t i) { local_amax = fmaxf(local_amax, fabsf(to_float(in[i]))); });
   block_max_to_global<kThreads>(local_amax, amax);
 }
 
@@ -51,12 +38,10 @@ void amax_cuda(const AmaxParams& p, int device, void* stream) {
     using In = typename CudaType<decltype(tag)::value>::type;
     const auto* in = static_cast<const In*>(p.input);
     const bool vectorized = is_aligned(in, 16);
-    const int64_t grid = grid_stride_blocks(vectorized ? p.numel / 8 / kUnroll + 1 : p.numel, kThreads, device);
-    if (vectorized) {
-      amax_kernel<In, true><<<grid, kThreads, 0, as_stream(stream)>>>(in, p.amax, p.numel);
-    } else {
-      amax_kernel<In, false><<<grid, kThreads, 0, as_stream(stream)>>>(in, p.amax, p.numel);
-    }
+    const auto kernel = vectorized ? amax_kernel<In, true> : amax_kernel<In, false>;
+    const int64_t work = vectorized ? p.numel / 8 / kUnroll + 1 : p.numel;
+    const int64_t grid = grid_stride_blocks((const void*)kernel, kThreads, work, device);
+    kernel<<<grid, kThreads, 0, as_stream(stream)>>>(in, p.amax, p.numel);
     check_launch("amax_kernel");
   });
 }

@@ -1,5 +1,6 @@
 // FP8 -> fp32 / fp16 / bf16: out = fp8_to_float(q) * scale_inv, a flat pass.
 #include "common/cuda_elements.cuh"
+#include "common/cuda_flat_loop.cuh"
 #include "common/cuda_utils.h"
 #include "common/dtype.h"
 #include "ops/quantize/quantize_params.h"
@@ -17,35 +18,20 @@ __global__ void __launch_bounds__(kThreads)
                       Out* __restrict__ out,           // [n]
                       const float* __restrict__ scale_inv_ptr, int64_t n) {
   const float scale_inv = *scale_inv_ptr;
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  int64_t tail_start = 0;
+  const int64_t num_vec = kVectorized ? n / 8 : 0;
   if constexpr (kVectorized) {
-    const int64_t num_vec = n / 8;
-    const auto* vin = reinterpret_cast<const uint2*>(in);
     auto* vout = reinterpret_cast<Vec8<Out>*>(out);
-    for (int64_t base = tid; base < num_vec; base += stride * kUnroll) {
-      uint2 q[kUnroll];
+    for_each_vector<kThreads, kUnroll>(reinterpret_cast<const uint2*>(in), num_vec, [&](int64_t v, const uint2& q) {
+      Vec8<Out> y;
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (base + u * stride < num_vec) q[u] = vin[base + u * stride];
+      for (int k = 0; k < 8; ++k) {
+        const uint32_t word = k < 4 ? q.x : q.y;
+        y.v[k] = from_float<Out>(fp8_to_float<In>(uint8_t(word >> (8 * (k % 4)))) * scale_inv);
       }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (base + u * stride < num_vec) {
-          Vec8<Out> y;
-#pragma unroll
-          for (int k = 0; k < 8; ++k) {
-            const uint32_t word = k < 4 ? q[u].x : q[u].y;
-            y.v[k] = from_float<Out>(fp8_to_float<In>(uint8_t(word >> (8 * (k % 4)))) * scale_inv);
-          }
-          vout[base + u * stride] = y;
-        }
-      }
-    }
-    tail_start = num_vec * 8;
+      vout[v] = y;
+    });
   }
-  for (int64_t i = tail_start + tid; i < n; i += stride) out[i] = from_float<Out>(fp8_to_float<In>(in[i]) * scale_inv);
+  for_each_element(num_vec * 8, n, [&](int64_t i) { out[i] = from_float<Out>(fp8_to_float<In>(in[i]) * scale_inv); });
 }
 
 template <te_dtype In, class Out>
@@ -53,12 +39,10 @@ void launch(const DequantizeParams& p, int device, cudaStream_t stream) {
   const auto* in = static_cast<const uint8_t*>(p.input);
   auto* out = static_cast<Out*>(p.output);
   const bool vectorized = is_aligned(in, 8) && is_aligned(out, 16);
-  const int64_t grid = grid_stride_blocks(vectorized ? p.numel / 8 / kUnroll + 1 : p.numel, kThreads, device);
-  if (vectorized) {
-    dequantize_kernel<In, Out, true><<<grid, kThreads, 0, stream>>>(in, out, p.scale_inv, p.numel);
-  } else {
-    dequantize_kernel<In, Out, false><<<grid, kThreads, 0, stream>>>(in, out, p.scale_inv, p.numel);
-  }
+  const auto kernel = vectorized ? dequantize_kernel<In, Out, true> : dequantize_kernel<In, Out, false>;
+  const int64_t work = vectorized ? p.numel / 8 / kUnroll + 1 : p.numel;
+  const int64_t grid = grid_stride_blocks((const void*)kernel, kThreads, work, device);
+  kernel<<<grid, kThreads, 0, stream>>>(in, out, p.scale_inv, p.numel);
   check_launch("dequantize_kernel");
 }
 

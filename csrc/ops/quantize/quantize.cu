@@ -17,11 +17,13 @@ void launch_cast(const QuantizeParams& p, int device, cudaStream_t stream) {
   const auto* in = static_cast<const In*>(p.input);
   auto* out = static_cast<uint8_t*>(p.output);
   if (is_aligned(in, 16) && is_aligned(out, 8)) {
-    const int64_t grid = grid_stride_blocks(n / 8 / kCastUnroll + 1, kCastThreads, device);
-    cast_kernel<In, Out, true><<<grid, kCastThreads, 0, stream>>>(in, out, p.scale, p.scale_inv, p.amax, n);
+    const auto kernel = cast_kernel<In, Out, true>;
+    const int64_t grid = grid_stride_blocks((const void*)kernel, kCastThreads, n / 8 / kCastUnroll + 1, device);
+    kernel<<<grid, kCastThreads, 0, stream>>>(in, out, p.scale, p.scale_inv, p.amax, n);
   } else {
-    const int64_t grid = grid_stride_blocks(n, kCastThreads, device);
-    cast_kernel<In, Out, false><<<grid, kCastThreads, 0, stream>>>(in, out, p.scale, p.scale_inv, p.amax, n);
+    const auto kernel = cast_kernel<In, Out, false>;
+    const int64_t grid = grid_stride_blocks((const void*)kernel, kCastThreads, n, device);
+    kernel<<<grid, kCastThreads, 0, stream>>>(in, out, p.scale, p.scale_inv, p.amax, n);
   }
   check_launch("cast_kernel");
 }
@@ -31,7 +33,8 @@ void launch_cast_transpose(const QuantizeParams& p, cudaStream_t stream) {
   const auto* in = static_cast<const In*>(p.input);
   auto* out = static_cast<uint8_t*>(p.output);
   auto* out_t = static_cast<uint8_t*>(p.output_t);
-  const bool fast = p.rows % 8 == 0 && p.cols % 8 == 0 && is_aligned(in, 16) && is_aligned(out, 8) && is_aligned(out_t, 8);
+  const bool fast =
+      p.rows % 16 == 0 && p.cols % 8 == 0 && is_aligned(in, 16) && is_aligned(out, 8) && is_aligned(out_t, 16);
   if (fast) {
     const int64_t col_tiles = std::max<int64_t>(1, (p.cols + kCtTileCols - 1) / kCtTileCols);
     const int64_t row_tiles = std::max<int64_t>(1, (p.rows + kCtTileRows - 1) / kCtTileRows);
