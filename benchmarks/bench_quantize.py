@@ -47,7 +47,7 @@ def copy_bandwidth(nbytes: int, iters: int) -> float:
     return 2 * src.numel() / (us * 1e-6)
 
 
-def bench_shape(rows: int, cols: int, copy_bw: float, iters: int):
+def bench_shape(rows: int, cols: int, copy_bw: float, same_size_bw: float, iters: int):
     x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16) * 3
     n = x.numel()
     stream = torch.cuda.current_stream().cuda_stream
@@ -85,13 +85,15 @@ def bench_shape(rows: int, cols: int, copy_bw: float, iters: int):
         ours_us = time_us(ours, iters)
         torch_us = time_us(baseline, iters)
         bw = nbytes / (ours_us * 1e-6)
-        rows_out.append((name, f"{rows}x{cols}", ours_us, bw / 1e9, bw / copy_bw, torch_us, torch_us / ours_us))
+        rows_out.append((name, f"{rows}x{cols}", ours_us, bw / 1e9, bw / copy_bw, bw / same_size_bw, torch_us,
+                         torch_us / ours_us))
     return rows_out
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iters", type=int, default=100)
+    parser.add_argument("--shapes", default="8192x8192,16384x4096", help="comma-separated ROWSxCOLS")
     args = parser.parse_args()
     if not torch.cuda.is_available() or not _core.built_with_cuda():
         raise SystemExit("bench_quantize.py needs a CUDA GPU and a CUDA build of OpenTE")
@@ -102,12 +104,15 @@ def main():
     same_size_bw = copy_bandwidth(8192 * 8192 * 2, args.iters)
     print(f"device: {torch.cuda.get_device_name()}  copy bandwidth (read+write): {copy_bw / 1e9:.0f} GB/s "
           f"(1 GiB), {same_size_bw / 1e9:.0f} GB/s (128 MiB, the size of one bf16 input)")
-    header = ("op", "shape (bf16)", "OpenTE us", "GB/s", "of copy BW", "PyTorch us", "speed-up")
+    header = ("op", "shape (bf16)", "OpenTE us", "GB/s", "of copy BW (1 GiB)", "of copy BW (128 MiB)",
+              "PyTorch us", "speed-up")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
-    for rows, cols in ((8192, 8192), (16384, 4096)):
-        for name, shape, us, gbs, frac, torch_us, speedup in bench_shape(rows, cols, copy_bw, args.iters):
-            print(f"| {name} | {shape} | {us:.1f} | {gbs:.0f} | {frac:.1%} | {torch_us:.1f} | {speedup:.2f}x |")
+    for rows, cols in (map(int, shape.split("x")) for shape in args.shapes.split(",")):
+        for name, shape, us, gbs, frac, frac_same, torch_us, speedup in bench_shape(rows, cols, copy_bw,
+                                                                                     same_size_bw, args.iters):
+            print(f"| {name} | {shape} | {us:.1f} | {gbs:.0f} | {frac:.1%} | {frac_same:.1%} | {torch_us:.1f} "
+                  f"| {speedup:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ if step build; then
   else
     note "BUILD FAILED (see build.log)"; tail -30 "$OUT/build.log"; exit 1
   fi
-  (cd /tmp && python3 -c "import transformer_engine as te; print('built_with_cuda', te._core.built_with_cuda())")
+  (cd / && python3 -c "import transformer_engine as te; print(te.__file__, 'built_with_cuda', te._core.built_with_cuda())")
   note "compiler: $(grep -m1 -E 'The CXX compiler identification' "$OUT/build.log" || c++ --version | head -1)"
 fi
 
@@ -44,10 +44,12 @@ if step bench; then
 fi
 
 if step profile; then
-  ncu --clock-control none --kernel-name regex:"cast|amax|dequantize" --launch-count 8 \
-    --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
-    python3 benchmarks/bench_quantize.py --iters 1 >"$OUT/ncu.log" 2>&1
-  note "ncu: rc=$?, $(grep -c 'SOL' "$OUT/ncu.log") kernel reports in ncu.log"
+  for kernel in cast_kernel cast_transpose_kernel dequantize_kernel amax_kernel; do
+    ncu --clock-control none --kernel-name "$kernel" --launch-skip 5 --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+      python3 benchmarks/bench_quantize.py --iters 1 --shapes 8192x8192 >"$OUT/ncu_$kernel.log" 2>&1
+    note "ncu $kernel: $(grep -E '^ +(Duration|DRAM Throughput|L2 Cache Throughput) ' "$OUT/ncu_$kernel.log" | tr -s ' ' | tr '\n' ';')"
+  done
 fi
 
 if step sanitizer; then
