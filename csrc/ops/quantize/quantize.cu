@@ -16,15 +16,11 @@ void launch_cast(const QuantizeParams& p, int device, cudaStream_t stream) {
   const int64_t n = p.rows * p.cols;
   const auto* in = static_cast<const In*>(p.input);
   auto* out = static_cast<uint8_t*>(p.output);
-  if (is_aligned(in, 16) && is_aligned(out, 8)) {
-    const auto kernel = cast_kernel<In, Out, true>;
-    const int64_t grid = grid_stride_blocks((const void*)kernel, kCastThreads, n / 8 / kCastUnroll + 1, device);
-    kernel<<<grid, kCastThreads, 0, stream>>>(in, out, p.scale, p.scale_inv, p.amax, n);
-  } else {
-    const auto kernel = cast_kernel<In, Out, false>;
-    const int64_t grid = grid_stride_blocks((const void*)kernel, kCastThreads, n, device);
-    kernel<<<grid, kCastThreads, 0, stream>>>(in, out, p.scale, p.scale_inv, p.amax, n);
-  }
+  const bool vectorized = is_aligned(in, 16) && is_aligned(out, 8);
+  const auto kernel = vectorized ? cast_kernel<In, Out, true> : cast_kernel<In, Out, false>;
+  const int64_t work = vectorized ? n / 8 / kCastUnroll + 1 : n;
+  const int64_t grid = grid_stride_blocks((const void*)kernel, kCastThreads, work, device);
+  kernel<<<grid, kCastThreads, 0, stream>>>(in, out, p.scale, p.scale_inv, p.amax, n);
   check_launch("cast_kernel");
 }
 
