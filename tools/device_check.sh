@@ -28,7 +28,7 @@ if step build; then
   else
     note "BUILD FAILED (see build.log)"; tail -30 "$OUT/build.log"; exit 1
   fi
-  (cd / && python3 -c "import transformer_engine as te; print(te.__file__, 'built_with_cuda', te._core.built_with_cuda())")
+  (cd / && python3 -c "from transformer_engine import _core; print(_core.__file__, 'built_with_cuda', _core.built_with_cuda())")
   note "compiler: $(grep -m1 -E 'The CXX compiler identification' "$OUT/build.log" || c++ --version | head -1)"
 fi
 

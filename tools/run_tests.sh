@@ -19,7 +19,8 @@ $PY -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.4" "cmake>=3.24" ni
 echo "== build (pip install ., with the C++ tests)"
 SECONDS=0
 $PY -m pip install -q --no-build-isolation --no-deps . -C build-dir="$BUILD_DIR" -C cmake.define.OPENTE_BUILD_TESTS=ON
-$PY -c "import transformer_engine as te; print('transformer_engine', te.__version__, '| CUDA kernels:', te._core.built_with_cuda())"
+(cd / && $PY -c "import transformer_engine as te; from transformer_engine import _core
+print('transformer_engine', te.__version__, '| CUDA kernels:', _core.built_with_cuda())")
 echo "== build took ${SECONDS} s"
 
 echo "== C++ tests (ctest)"
