@@ -23,10 +23,9 @@ from fp8_reference import (
 from transformer_engine.pytorch.cpp_extensions import DType, quantize
 
 # () is a scalar (one element), (7,) one row; (3, 17) ... (61, 127) are not
-# multiples of 8/16/64 (the kernels' general paths), nor is (24, 40) of 16 rows;
-# (16, 8), (48, 40), (144, 72) have rows % 16 == cols % 8 == 0 but are not
-# multiples of the 128 x 64 tile (the fast cast+transpose path with partial
-# tiles), small enough for compute-sanitizer.
+# multiples of 8 (the kernels' general paths); (24, 40), (16, 8), (48, 40),
+# (144, 72) are multiples of 8 but not of the 128 x 128 tile (the fast
+# cast+transpose path with partial tiles), small enough for compute-sanitizer.
 SHAPES = [(), (1, 1), (7,), (3, 17), (2, 5, 33), (0, 16), (61, 127), (24, 40), (16, 8), (48, 40), (144, 72)]
 LARGE_SHAPES = [(4096, 4095), (16384, 4096), (3, 333, 1001)]
 LAYOUTS = {"rowwise": (True, False), "columnwise": (False, True), "both": (True, True)}

@@ -12,27 +12,26 @@
 namespace opente {
 
 // Fast path. Each thread casts an 8x8 block held in registers and transposes
-// its bytes with byte permutes. A warp covers 32 rows x 64 columns as 4 x 8
-// blocks, so each load instruction reads 128 contiguous bytes per row. A block
-// of 4 warps covers a 128 x 64 tile; its transpose (64 rows of 128 bytes) is
-// staged in shared memory so that each thread stores 16 bytes and a warp writes
-// whole 128-byte lines of the column-wise output. (Storing each thread's 8-byte
-// transposed rows straight to memory wrote 32-byte pieces of 8 lines per
-// instruction: the L2 ran at 84% of its throughput and the kernel at 80% of
-// copy bandwidth, H200, ncu.)
-constexpr int kCtThreads = 128;
+// its bytes with byte permutes. A warp covers 16 rows x 128 columns (2 x 16
+// blocks) and a block of 8 warps a 128 x 128 tile, so loads read 256 bytes
+// per row and row-wise stores write whole 128-byte lines. The tile's transpose
+// (128 rows of 128 bytes) is staged in shared memory so that its stores also
+// write whole lines. (Storing each thread's 8-byte transposed rows straight to
+// memory wrote 32-byte pieces of 8 lines per instruction: 80% of copy
+// bandwidth, H200. A 128 x 64 tile staged through shared memory: 84%.)
+constexpr int kCtThreads = 256;
 constexpr int kCtTileRows = 128;
-constexpr int kCtTileCols = 64;
+constexpr int kCtTileCols = 128;
 
-// Shared-memory slot of byte `r` in row `c` of the transposed tile: 16-byte
-// chunks XOR-swizzled by (c / 8) so that the 8-byte writes of one warp (rows 8
-// apart) and the 16-byte reads (8 chunks of one row) hit distinct banks.
+// Shared-memory byte of row `c`, byte `r` of the transposed tile. Its 8-byte
+// slots are XOR-swizzled by (c / 8): the 16 threads of a half-warp write rows 8
+// apart and read 16 slots of one row, each time to 16 distinct slots, so every
+// access is free of bank conflicts.
 __device__ __forceinline__ int transposed_slot(int c, int r) {
-  return c * kCtTileRows + ((((r / 16) ^ (c / 8)) % 8) * 16) + (r % 16);
+  return c * kCtTileRows + ((((r / 8) ^ (c / 8)) % 16) * 8) + (r % 8);
 }
 
-// Needs rows % 16 == cols % 8 == 0, input 16-byte, output 8-byte and
-// column-wise output 16-byte aligned.
+// Needs rows % 8 == cols % 8 == 0, input 16-byte and outputs 8-byte aligned.
 template <class In, te_dtype Out>
 __global__ void __launch_bounds__(kCtThreads)
     cast_transpose_kernel(const In* __restrict__ in,        // [rows, cols]
@@ -42,12 +41,12 @@ __global__ void __launch_bounds__(kCtThreads)
                           float* __restrict__ scale_inv,    // may be null
                           float* __restrict__ amax,         // may be null
                           int64_t rows, int64_t cols, int64_t col_tiles) {
-  __shared__ alignas(16) uint8_t tile_t[kCtTileCols * kCtTileRows];  // [64 columns, 128 rows], swizzled
+  __shared__ alignas(16) uint8_t tile_t[kCtTileCols * kCtTileRows];  // [128 columns, 128 rows], swizzled
   const float scale = *scale_ptr;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t row_base = (blockIdx.x / col_tiles) * kCtTileRows;
   const int64_t col_base = (blockIdx.x % col_tiles) * kCtTileCols;
-  const int r_in_tile = warp * 32 + (lane / 8) * 8, c_in_tile = (lane % 8) * 8;
+  const int r_in_tile = warp * 16 + (lane / 16) * 8, c_in_tile = (lane % 16) * 8;
   const int64_t r0 = row_base + r_in_tile, c0 = col_base + c_in_tile;
   float local_amax = 0.0f;
   if (r0 < rows && c0 < cols) {
@@ -79,15 +78,15 @@ __global__ void __launch_bounds__(kCtThreads)
     }
   }
   __syncthreads();
-  // 64 rows x 8 chunks of 16 bytes; 8 threads write one row's 128 bytes.
-  constexpr int kChunksPerRow = kCtTileRows / 16;
+  // 128 rows x 16 slots of 8 bytes; a half-warp writes one row's 128 bytes.
+  constexpr int kSlotsPerRow = kCtTileRows / 8;
 #pragma unroll
-  for (int i = threadIdx.x; i < kCtTileCols * kChunksPerRow; i += kCtThreads) {
-    const int c = i / kChunksPerRow, chunk = i % kChunksPerRow;
-    const int64_t out_row = col_base + c, out_col = row_base + chunk * 16;
+  for (int i = threadIdx.x; i < kCtTileCols * kSlotsPerRow; i += kCtThreads) {
+    const int c = i / kSlotsPerRow, r = (i % kSlotsPerRow) * 8;
+    const int64_t out_row = col_base + c, out_col = row_base + r;
     if (out_row < cols && out_col < rows) {
-      *reinterpret_cast<uint4*>(out_t + out_row * rows + out_col) =
-          *reinterpret_cast<const uint4*>(tile_t + transposed_slot(c, chunk * 16));
+      *reinterpret_cast<uint2*>(out_t + out_row * rows + out_col) =
+          *reinterpret_cast<const uint2*>(tile_t + transposed_slot(c, r));
     }
   }
   if (amax) block_max_to_global<kCtThreads>(local_amax, amax);

@@ -29,8 +29,7 @@ void launch_cast_transpose(const QuantizeParams& p, cudaStream_t stream) {
   const auto* in = static_cast<const In*>(p.input);
   auto* out = static_cast<uint8_t*>(p.output);
   auto* out_t = static_cast<uint8_t*>(p.output_t);
-  const bool fast =
-      p.rows % 16 == 0 && p.cols % 8 == 0 && is_aligned(in, 16) && is_aligned(out, 8) && is_aligned(out_t, 16);
+  const bool fast = p.rows % 8 == 0 && p.cols % 8 == 0 && is_aligned(in, 16) && is_aligned(out, 8) && is_aligned(out_t, 8);
   if (fast) {
     const int64_t col_tiles = std::max<int64_t>(1, (p.cols + kCtTileCols - 1) / kCtTileCols);
     const int64_t row_tiles = std::max<int64_t>(1, (p.rows + kCtTileRows - 1) / kCtTileRows);
