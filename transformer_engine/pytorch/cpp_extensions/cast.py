@@ -11,7 +11,6 @@ from transformer_engine.pytorch.cpp_extensions.tensor_desc import (
     describe,
     fp8_dtype_of,
     stream_of,
-    te_dtype,
 )
 
 __all__ = ["quantize", "dequantize", "transpose", "compute_amax"]
@@ -109,9 +108,9 @@ def transpose(x: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() < 1:
         raise ValueError("x must have at least one dimension")
+    x_desc = describe(x, "x")
     out = torch.empty(columnwise_shape(x.shape), dtype=x.dtype, device=x.device)
-    te_dtype(x.dtype, "x")
-    _core.transpose(describe(x, "x"), describe(out, "out"), stream_of(x))
+    _core.transpose(x_desc, describe(out, "out"), stream_of(x))
     return out
 
 

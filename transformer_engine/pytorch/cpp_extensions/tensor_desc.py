@@ -55,15 +55,11 @@ def describe(
     name: str,
     *,
     dtype: DType | None = None,
-    shape=None,
-    columnwise: torch.Tensor | None = None,
-    scale: torch.Tensor | None = None,
     scale_inv: torch.Tensor | None = None,
-    amax: torch.Tensor | None = None,
     scaling_mode=_core.ScalingMode.NONE,
 ) -> _core.Tensor:
-    """A descriptor of contiguous tensor ``t`` (``dtype`` overrides its dtype, e.g. FP8
-    data held as uint8; ``shape`` overrides its shape)."""
+    """A descriptor of contiguous tensor ``t``; ``dtype`` overrides its dtype (FP8
+    data held as uint8), ``scale_inv`` and ``scaling_mode`` describe quantized data."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if not t.is_contiguous():
@@ -73,13 +69,10 @@ def describe(
         device_type,
         device_index,
         int(dtype if dtype is not None else te_dtype(t.dtype, name)),
-        list(t.shape if shape is None else shape),
+        list(t.shape),
         t.data_ptr(),
-        columnwise.data_ptr() if columnwise is not None else 0,
-        scale.data_ptr() if scale is not None else 0,
-        scale_inv.data_ptr() if scale_inv is not None else 0,
-        amax.data_ptr() if amax is not None else 0,
-        int(scaling_mode),
+        scale_inv=scale_inv.data_ptr() if scale_inv is not None else 0,
+        scaling_mode=int(scaling_mode),
     )
 
 
