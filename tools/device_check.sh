@@ -40,7 +40,10 @@ if step tests; then
 fi
 
 if step bench; then
-  python3 benchmarks/bench_quantize.py 2>&1 | tee "$OUT/bench_quantize.log"
+  for bench in benchmarks/bench_*.py; do
+    name=$(basename "$bench" .py)
+    python3 "$bench" 2>&1 | tee "$OUT/$name.log"
+  done
 fi
 
 if step profile; then

@@ -102,6 +102,15 @@ NB_MODULE(_core, m) {
       .value("MAX", TE_AMAX_COMPUTE_MAX)
       .value("MOST_RECENT", TE_AMAX_COMPUTE_MOST_RECENT);
 
+  nb::enum_<te_gemm_epilogue>(m, "GemmEpilogue", nb::is_arithmetic())
+      .value("NONE", TE_GEMM_EPILOGUE_NONE)
+      .value("BIAS", TE_GEMM_EPILOGUE_BIAS)
+      .value("GELU_AUX", TE_GEMM_EPILOGUE_GELU_AUX)
+      .value("GELU_AUX_BIAS", TE_GEMM_EPILOGUE_GELU_AUX_BIAS)
+      .value("DGELU", TE_GEMM_EPILOGUE_DGELU)
+      .value("DGELU_BGRAD", TE_GEMM_EPILOGUE_DGELU_BGRAD)
+      .value("BGRAD", TE_GEMM_EPILOGUE_BGRAD);
+
   nb::class_<te_tensor>(m, "Tensor", "A non-owning tensor descriptor (te_tensor): pointers are integers")
       .def(
           "__init__",
@@ -161,6 +170,29 @@ NB_MODULE(_core, m) {
       },
       nb::arg("amax"), nb::arg("scale"), nb::arg("scale_inv"), nb::arg("fp8_dtype"), nb::arg("epsilon"),
       nb::arg("force_pow_2_scales"), nb::arg("device_type"), nb::arg("device_index"), nb::arg("stream") = 0);
+
+  m.def("gemm_workspace_size", [] { return te_gemm_workspace_size(); },
+        "Bytes of workspace te_gemm asks of CUDA callers (32 MiB)");
+
+  // D = alpha * op_B(B) @ op_A(A) + beta * D, then the epilogue (see opente/gemm.h).
+  // bias, aux, bias_grad: None when the epilogue does not use them.
+  m.def(
+      "gemm",
+      [](const te_tensor& A, const te_tensor& B, const te_tensor& D, const te_tensor* bias, const te_tensor* aux,
+         const te_tensor* bias_grad, bool transa, bool transb, int32_t epilogue, float alpha, float beta,
+         bool use_split_accumulator, uintptr_t workspace, size_t workspace_size, uintptr_t stream) {
+        const te_gemm_config config{transa ? 1 : 0, transb ? 1 : 0, epilogue, alpha, beta,
+                                    use_split_accumulator ? 1 : 0};
+        call_core([&] {
+          return te_gemm(&A, &B, &D, bias, aux, bias_grad, &config, as_ptr<void>(workspace), workspace_size,
+                         as_ptr<void>(stream));
+        });
+      },
+      nb::arg("A"), nb::arg("B"), nb::arg("D"), nb::arg("bias").none(), nb::arg("aux").none(),
+      nb::arg("bias_grad").none(), nb::arg("transa"), nb::arg("transb"),
+      nb::arg("epilogue") = int32_t(TE_GEMM_EPILOGUE_NONE), nb::arg("alpha") = 1.0f, nb::arg("beta") = 0.0f,
+      nb::arg("use_split_accumulator") = false, nb::arg("workspace") = 0, nb::arg("workspace_size") = 0,
+      nb::arg("stream") = 0);
 
   // groups: (amax_history, scale, scale_inv, history_len, num_scales) per group, pointers as integers.
   m.def(

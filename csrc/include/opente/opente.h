@@ -2,6 +2,7 @@
 #ifndef OPENTE_OPENTE_H_
 #define OPENTE_OPENTE_H_
 
+#include "opente/gemm.h"
 #include "opente/quantize.h"
 #include "opente/recipe.h"
 #include "opente/status.h"
