@@ -31,8 +31,9 @@ const char* epilogue_name(int32_t e) {
 // column-wise copy when only that exists.
 GemmOperand resolve_operand(const te_tensor& t, const char* name, bool trans, bool fp8_wants_trans, bool on_cuda) {
   const bool fp8 = is_fp8(t.dtype);
+  const bool has_elements = numel(t) > 0;
   bool use_columnwise;
-  if (fp8 && on_cuda) {
+  if (fp8 && on_cuda && has_elements) {
     use_columnwise = trans != fp8_wants_trans;
     if (use_columnwise) {
       OPENTE_CHECK_ARG(t.columnwise_data != nullptr, name, " is FP8 and used ", trans ? "transposed" : "untransposed",
@@ -43,8 +44,10 @@ GemmOperand resolve_operand(const te_tensor& t, const char* name, bool trans, bo
     use_columnwise = t.data == nullptr && t.columnwise_data != nullptr;
   }
   if (fp8) check_pointer(t.scale_inv, name, "scale_inv");
-  return GemmOperand{use_columnwise ? t.columnwise_data : t.data, te_dtype(t.dtype), use_columnwise ? !trans : trans,
-                     fp8 ? t.scale_inv : nullptr};
+  const GemmOperand op{use_columnwise ? t.columnwise_data : t.data, te_dtype(t.dtype),
+                       use_columnwise ? !trans : trans, fp8 ? t.scale_inv : nullptr};
+  if (has_elements) check_pointer(op.data, name, "data");
+  return op;
 }
 
 void check_float(const te_tensor& t, const char* name) {
@@ -144,15 +147,8 @@ extern "C" te_status te_gemm(const te_tensor* A_desc, const te_tensor* B_desc, c
     }
     if (bias_grad && numel(*bias_grad) > 0) check_pointer(bias_grad->data, "bias_grad", "data");
     GemmParams p{};
-    if (k_a > 0 && !empty) {
-      p.a = resolve_operand(A, "A", transa, /*fp8_wants_trans=*/true, on_cuda);
-      p.b = resolve_operand(B, "B", transb, /*fp8_wants_trans=*/false, on_cuda);
-      check_pointer(p.a.data, "A", "data");
-      check_pointer(p.b.data, "B", "data");
-    } else {
-      p.a = GemmOperand{nullptr, te_dtype(A.dtype), transa, A.scale_inv};
-      p.b = GemmOperand{nullptr, te_dtype(B.dtype), transb, B.scale_inv};
-    }
+    p.a = resolve_operand(A, "A", transa, /*fp8_wants_trans=*/true, on_cuda);
+    p.b = resolve_operand(B, "B", transb, /*fp8_wants_trans=*/false, on_cuda);
     p.m = m;
     p.n = n;
     p.k = k_a;

@@ -152,6 +152,7 @@ void gemm_cuda(const GemmParams& p, int device, void* workspace, size_t workspac
     if (p.epilogue == TE_GEMM_EPILOGUE_DGELU_BGRAD && p.n > 0) {
       cuda_check(cudaMemsetAsync(p.bias_grad, 0, size_t(p.n) * dtype_size(p.bias_grad_dtype), s), "cudaMemsetAsync");
     }
+    if (p.d_amax) cuda_check(cudaMemsetAsync(p.d_amax, 0, sizeof(float), s), "cudaMemsetAsync");  // max over nothing
     if (p.epilogue == TE_GEMM_EPILOGUE_BGRAD && p.m > 0) {
       fail(TE_ERROR_NOT_IMPLEMENTED, "te_gemm on CUDA: epilogue bgrad with an empty D (n = 0)");
     }
