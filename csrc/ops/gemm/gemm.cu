@@ -158,8 +158,6 @@ void gemm_cuda(const GemmParams& p, int device, void* workspace, size_t workspac
     }
     return;
   }
-  if (p.k == 0) fail(TE_ERROR_NOT_IMPLEMENTED, "te_gemm on CUDA: k = 0 (an empty inner dimension)");
-
   const CublasLtApi& api = cublaslt_api();
   const cublasLtHandle_t handle = handle_for(device);
   const bool fp8 = is_fp8(p.a.dtype);
@@ -211,8 +209,10 @@ void gemm_cuda(const GemmParams& p, int device, void* workspace, size_t workspac
   cublas_check(api.layout_create(&b_layout.value, cuda_dtype(p.b.dtype), b_rows, b_cols, b_rows), "layout B");
   cublas_check(api.layout_create(&d_layout.value, cuda_dtype(p.d_dtype), p.n, p.m, p.n), "layout D");
   // C is D (beta accumulates in place). An FP8 D takes a bf16 C type, which
-  // cuBLASLt requires there; beta is 0 then, so C is never read.
+  // cuBLASLt requires there, and no C pointer: beta is 0, so C is never read, and
+  // C may alias D only when their layouts match.
   const cudaDataType_t c_type = fp8_out ? CUDA_R_16BF : cuda_dtype(p.d_dtype);
+  const void* c_data = fp8_out ? nullptr : p.d;
   cublas_check(api.layout_create(&c_layout.value, c_type, p.n, p.m, p.n), "layout C");
 
   AlgoKey key{};
@@ -238,7 +238,7 @@ void gemm_cuda(const GemmParams& p, int device, void* workspace, size_t workspac
       pick_algo(api, handle, key, desc.value, a_layout.value, b_layout.value, c_layout.value, d_layout.value, problem);
 
   cublas_check(api.matmul(handle, desc.value, &p.alpha, p.a.data, a_layout.value, p.b.data, b_layout.value, &p.beta,
-                          p.d, c_layout.value, p.d, d_layout.value, &algo, workspace, workspace_size, s),
+                          c_data, c_layout.value, p.d, d_layout.value, &algo, workspace, workspace_size, s),
                "cublasLtMatmul", problem.c_str());
 }
 

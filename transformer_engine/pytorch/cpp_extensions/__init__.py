@@ -8,6 +8,7 @@ torch.float8_e5m2 tensors are accepted where FP8 data is read.
 """
 
 from transformer_engine.pytorch.cpp_extensions.cast import compute_amax, dequantize, quantize, transpose
+from transformer_engine.pytorch.cpp_extensions.gemm import general_gemm, get_cublas_workspace_size_bytes
 from transformer_engine.pytorch.cpp_extensions.recipe import compute_scale_from_amax, delayed_scaling_update
 from transformer_engine.pytorch.cpp_extensions.tensor_desc import DType
 
@@ -17,6 +18,8 @@ __all__ = [
     "compute_scale_from_amax",
     "delayed_scaling_update",
     "dequantize",
+    "general_gemm",
+    "get_cublas_workspace_size_bytes",
     "quantize",
     "transpose",
 ]

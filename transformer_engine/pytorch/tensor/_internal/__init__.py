@@ -1,0 +1,1 @@
+"""Plain storage classes of quantized tensors (no torch.Tensor subclassing)."""
