@@ -31,6 +31,19 @@ __device__ __forceinline__ int transposed_slot(int c, int r) {
   return c * kCtTileRows + ((((r / 8) ^ (c / 8)) % 16) * 8) + (r % 8);
 }
 
+// 16 bytes global -> shared without registers (cp.async, Ampere and later). PTX,
+// not __pipeline_memcpy_async: the compiler turned that back into plain loads.
+__device__ __forceinline__ void copy_async_16(void* smem_dst, const void* global_src) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global_src) : "memory");
+}
+
+// Dynamic shared memory of cast_transpose_kernel: eight input vectors per thread.
+template <class In>
+constexpr int cast_transpose_staging_bytes() {
+  return 8 * kCtThreads * int(sizeof(Vec8<In>));
+}
+
 // Needs rows % 8 == cols % 8 == 0, input 16-byte and outputs 8-byte aligned.
 template <class In, te_dtype Out>
 __global__ void __launch_bounds__(kCtThreads)
@@ -42,6 +55,7 @@ __global__ void __launch_bounds__(kCtThreads)
                           float* __restrict__ amax,         // may be null
                           int64_t rows, int64_t cols, int64_t col_tiles) {
   __shared__ alignas(16) uint8_t tile_t[kCtTileCols * kCtTileRows];  // [128 columns, 128 rows], swizzled
+  extern __shared__ uint4 staging_bytes[];  // cast_transpose_staging_bytes<In>(), 16-byte aligned
   const float scale = *scale_ptr;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t row_base = (blockIdx.x / col_tiles) * kCtTileRows;
@@ -50,9 +64,21 @@ __global__ void __launch_bounds__(kCtThreads)
   const int64_t r0 = row_base + r_in_tile, c0 = col_base + c_in_tile;
   float local_amax = 0.0f;
   if (r0 < rows && c0 < cols) {
+    // All eight row loads go out at once as asynchronous copies into this thread's
+    // staging slots ([k][thread]: a warp's 16-byte reads stay conflict-free). Plain
+    // loads let the compiler issue four, convert them, then the rest one by one.
+    auto* staging = reinterpret_cast<Vec8<In>*>(staging_bytes);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const char* src = reinterpret_cast<const char*>(in + (r0 + k) * cols + c0);
+      char* dst = reinterpret_cast<char*>(&staging[k * kCtThreads + threadIdx.x]);
+#pragma unroll
+      for (int chunk = 0; chunk < int(sizeof(Vec8<In>)); chunk += 16) copy_async_16(dst + chunk, src + chunk);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
     Vec8<In> x[8];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) x[k] = *reinterpret_cast<const Vec8<In>*>(in + (r0 + k) * cols + c0);
+    for (int k = 0; k < 8; ++k) x[k] = staging[k * kCtThreads + threadIdx.x];
     uint32_t lo[8], hi[8];  // row k of the block: FP8 bytes 0-3 and 4-7
 #pragma unroll
     for (int k = 0; k < 8; ++k) {

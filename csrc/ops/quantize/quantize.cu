@@ -33,7 +33,11 @@ void launch_cast_transpose(const QuantizeParams& p, cudaStream_t stream) {
   if (fast) {
     const int64_t col_tiles = std::max<int64_t>(1, (p.cols + kCtTileCols - 1) / kCtTileCols);
     const int64_t row_tiles = std::max<int64_t>(1, (p.rows + kCtTileRows - 1) / kCtTileRows);
-    cast_transpose_kernel<In, Out><<<row_tiles * col_tiles, kCtThreads, 0, stream>>>(
+    constexpr int kStaging = cast_transpose_staging_bytes<In>();
+    static const cudaError_t smem_ok =  // fp32 inputs stage 64 KiB: past the 48 KiB default
+        cudaFuncSetAttribute(cast_transpose_kernel<In, Out>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStaging);
+    cuda_check(smem_ok, "cudaFuncSetAttribute(cast_transpose_kernel)");
+    cast_transpose_kernel<In, Out><<<row_tiles * col_tiles, kCtThreads, kStaging, stream>>>(
         in, out, out_t, p.scale, p.scale_inv, p.amax, p.rows, p.cols, col_tiles);
     check_launch("cast_transpose_kernel");
   } else {
