@@ -194,6 +194,68 @@ NB_MODULE(_core, m) {
       nb::arg("use_split_accumulator") = false, nb::arg("workspace") = 0, nb::arg("workspace_size") = 0,
       nb::arg("stream") = 0);
 
+  m.def(
+      "norm_workspace_size",
+      [](int64_t rows, int64_t hidden, int32_t device_type, int32_t device_index) {
+        return te_norm_workspace_size(rows, hidden, te_device{device_type, device_index});
+      },
+      nb::arg("rows"), nb::arg("hidden"), nb::arg("device_type"), nb::arg("device_index"),
+      "Bytes of workspace the norm ops ask of CUDA callers for [rows, hidden] inputs (0 on the CPU)");
+
+  // LayerNorm / RMSNorm (see opente/norm.h): statistics fp32, output float or FP8.
+  m.def(
+      "layernorm_fwd",
+      [](const te_tensor& input, const te_tensor& gamma, const te_tensor& beta, float eps, bool zero_centered_gamma,
+         const te_tensor& output, const te_tensor& mu, const te_tensor& rsigma, uintptr_t workspace,
+         size_t workspace_size, uintptr_t stream) {
+        call_core([&] {
+          return te_layernorm_fwd(&input, &gamma, &beta, eps, zero_centered_gamma ? 1 : 0, &output, &mu, &rsigma,
+                                  as_ptr<void>(workspace), workspace_size, as_ptr<void>(stream));
+        });
+      },
+      nb::arg("input"), nb::arg("gamma"), nb::arg("beta"), nb::arg("eps"), nb::arg("zero_centered_gamma"),
+      nb::arg("output"), nb::arg("mu"), nb::arg("rsigma"), nb::arg("workspace") = 0, nb::arg("workspace_size") = 0,
+      nb::arg("stream") = 0);
+
+  m.def(
+      "layernorm_bwd",
+      [](const te_tensor& dz, const te_tensor& x, const te_tensor& mu, const te_tensor& rsigma,
+         const te_tensor& gamma, bool zero_centered_gamma, const te_tensor& dx, const te_tensor& dgamma,
+         const te_tensor& dbeta, uintptr_t workspace, size_t workspace_size, uintptr_t stream) {
+        call_core([&] {
+          return te_layernorm_bwd(&dz, &x, &mu, &rsigma, &gamma, zero_centered_gamma ? 1 : 0, &dx, &dgamma, &dbeta,
+                                  as_ptr<void>(workspace), workspace_size, as_ptr<void>(stream));
+        });
+      },
+      nb::arg("dz"), nb::arg("x"), nb::arg("mu"), nb::arg("rsigma"), nb::arg("gamma"), nb::arg("zero_centered_gamma"),
+      nb::arg("dx"), nb::arg("dgamma"), nb::arg("dbeta"), nb::arg("workspace") = 0, nb::arg("workspace_size") = 0,
+      nb::arg("stream") = 0);
+
+  m.def(
+      "rmsnorm_fwd",
+      [](const te_tensor& input, const te_tensor& gamma, float eps, bool zero_centered_gamma, const te_tensor& output,
+         const te_tensor& rsigma, uintptr_t workspace, size_t workspace_size, uintptr_t stream) {
+        call_core([&] {
+          return te_rmsnorm_fwd(&input, &gamma, eps, zero_centered_gamma ? 1 : 0, &output, &rsigma,
+                                as_ptr<void>(workspace), workspace_size, as_ptr<void>(stream));
+        });
+      },
+      nb::arg("input"), nb::arg("gamma"), nb::arg("eps"), nb::arg("zero_centered_gamma"), nb::arg("output"),
+      nb::arg("rsigma"), nb::arg("workspace") = 0, nb::arg("workspace_size") = 0, nb::arg("stream") = 0);
+
+  m.def(
+      "rmsnorm_bwd",
+      [](const te_tensor& dz, const te_tensor& x, const te_tensor& rsigma, const te_tensor& gamma,
+         bool zero_centered_gamma, const te_tensor& dx, const te_tensor& dgamma, uintptr_t workspace,
+         size_t workspace_size, uintptr_t stream) {
+        call_core([&] {
+          return te_rmsnorm_bwd(&dz, &x, &rsigma, &gamma, zero_centered_gamma ? 1 : 0, &dx, &dgamma,
+                                as_ptr<void>(workspace), workspace_size, as_ptr<void>(stream));
+        });
+      },
+      nb::arg("dz"), nb::arg("x"), nb::arg("rsigma"), nb::arg("gamma"), nb::arg("zero_centered_gamma"), nb::arg("dx"),
+      nb::arg("dgamma"), nb::arg("workspace") = 0, nb::arg("workspace_size") = 0, nb::arg("stream") = 0);
+
   // groups: (amax_history, scale, scale_inv, history_len, num_scales) per group, pointers as integers.
   m.def(
       "delayed_scaling_update",

@@ -3,6 +3,7 @@
 #define OPENTE_OPENTE_H_
 
 #include "opente/gemm.h"
+#include "opente/norm.h"
 #include "opente/quantize.h"
 #include "opente/recipe.h"
 #include "opente/status.h"

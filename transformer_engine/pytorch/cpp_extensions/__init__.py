@@ -9,6 +9,12 @@ torch.float8_e5m2 tensors are accepted where FP8 data is read.
 
 from transformer_engine.pytorch.cpp_extensions.cast import compute_amax, dequantize, quantize, transpose
 from transformer_engine.pytorch.cpp_extensions.gemm import general_gemm, get_cublas_workspace_size_bytes
+from transformer_engine.pytorch.cpp_extensions.normalization import (
+    layernorm_bwd,
+    layernorm_fwd,
+    rmsnorm_bwd,
+    rmsnorm_fwd,
+)
 from transformer_engine.pytorch.cpp_extensions.recipe import compute_scale_from_amax, delayed_scaling_update
 from transformer_engine.pytorch.cpp_extensions.tensor_desc import DType
 
@@ -20,6 +26,10 @@ __all__ = [
     "dequantize",
     "general_gemm",
     "get_cublas_workspace_size_bytes",
+    "layernorm_bwd",
+    "layernorm_fwd",
     "quantize",
+    "rmsnorm_bwd",
+    "rmsnorm_fwd",
     "transpose",
 ]

@@ -1,0 +1,590 @@
+"""layernorm_fwd / layernorm_bwd / rmsnorm_fwd / rmsnorm_bwd against float64 references:
+torch.nn.functional.layer_norm / rms_norm and torch.autograd, in float64 on the very
+values the core reads (inputs stored in their dtypes first).
+
+CPU: the core computes in fp32, so each element gets a bound derived from how it is
+computed (the analysis of tests/cpp/test_norm.cpp; see ``fwd_bound`` / ``bwd_bounds``).
+FP8 outputs: every code must be the cast of a value within the bound, and nearly all
+must equal the cast of the reference; scale_inv must be exact; on inputs built so that
+every step is exact, the codes and amax too.
+
+CUDA: DESIGN.md's rule against the float64 reference,
+    max|ours - ref| <= K * max|torch - ref| + atol
+where torch does the same computation in fp32 on the GPU (rounded to the output dtype),
+and agreement with the CPU core within the same budget plus the CPU's own error.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import requires_cuda
+
+from fp8_reference import FP8_MAX, FP8_MIN_SUBNORMAL, FLOAT_DTYPES, TORCH_FP8, dtype_id, ref_quantize
+from transformer_engine.pytorch.cpp_extensions import (
+    DType,
+    layernorm_bwd,
+    layernorm_fwd,
+    rmsnorm_bwd,
+    rmsnorm_fwd,
+)
+from transformer_engine.pytorch.tensor import Float8TensorBase
+
+# The CUDA tests run on this device parameter. The kernels arrive with issue 4's CUDA
+# step, which deletes the line that appends the skip.
+CUDA_MARKS = [requires_cuda]
+CUDA_MARKS.append(pytest.mark.skip(reason="CUDA norm kernels not written yet"))
+CUDA = [pytest.param("cuda", marks=CUDA_MARKS)]
+
+E4M3, E5M2 = DType.kFloat8E4M3, DType.kFloat8E5M2
+NORMS = ["layernorm", "rmsnorm"]
+U = 2.0**-24  # fp32's unit roundoff
+UNIT = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+HALF_MIN_STEP = {torch.float32: 2.0**-150, torch.float16: 2.0**-25, torch.bfloat16: 2.0**-134}
+HIDDEN = [64, 127, 768, 1000, 4096]
+ROWS = [1, 3, 37]
+# weights in another dtype than the input (fp32 master weights with half activations,
+# and the other way round)
+OTHER = {torch.float32: torch.bfloat16, torch.bfloat16: torch.float32, torch.float16: torch.float32}
+
+
+def f32(v: float) -> float:
+    return float(np.float32(v))
+
+
+# ---- data and the float64 reference ------------------------------------------------------
+
+
+def make_inputs(lead, hidden, x_dtype, w_dtype, zero_centered, gen):
+    """x [*lead, hidden]: rows of random offset and spread (offset_r + spread_r * N(0, 1));
+    weight near 1 (near 0 when zero-centered), bias N(0, 1); stored in their dtypes."""
+    rows = math.prod(lead)
+    offset = torch.rand(rows, 1, generator=gen) * 6 - 3
+    spread = torch.exp2(torch.rand(rows, 1, generator=gen) * 6 - 3)
+    x = (offset + spread * torch.randn(rows, hidden, generator=gen)).reshape(*lead, hidden).to(x_dtype)
+    w = ((0.0 if zero_centered else 1.0) + 0.5 * torch.randn(hidden, generator=gen)).to(w_dtype)
+    b = torch.randn(hidden, generator=gen).to(w_dtype)
+    return x, w, b
+
+
+def reference_fwd(norm, x, w, b, eps, zero_centered):
+    """float64 y [rows, hidden] from torch.nn.functional, the statistics [rows], and the
+    bound on |core's fp32 y - y| (before the output's rounding)."""
+    hidden = x.shape[-1]
+    eps = f32(eps)  # what the core adds
+    x64 = x.double().reshape(-1, hidden)
+    g = w.double() + (1.0 if zero_centered else 0.0)
+    c_n = 2 * (hidden + 8) * U  # fp32 sums of n terms: (n - 1) u sum|terms|, doubled for the roundings around
+    if norm == "layernorm":
+        y = F.layer_norm(x64, (hidden,), g, b.double(), eps)
+        mu = x64.mean(-1)
+        var = ((x64 - mu[:, None]) ** 2).mean(-1)
+        e_mu = c_n * x64.abs().mean(-1)
+        bias = b.double()
+    else:
+        y = F.rms_norm(x64, (hidden,), g, eps)
+        mu = torch.zeros(x64.shape[0], dtype=torch.float64)
+        var = (x64**2).mean(-1)
+        e_mu = torch.zeros_like(mu)
+        bias = torch.zeros(hidden, dtype=torch.float64)
+    v = var + eps
+    rs = v.rsqrt()
+    e_rs = 0.5 * (e_mu**2 + c_n * (var + e_mu**2) + U * v) / v + 3 * U  # relative
+    xhat = (x64 - mu[:, None]) * rs[:, None]
+    err = 1.01 * (g.abs() * (rs[:, None] * e_mu[:, None] + xhat.abs() * (e_rs[:, None] + 2 * U))
+                  + 3 * U * (g * xhat).abs() + U * bias.abs())
+    return y, mu, rs, dict(err=err, e_mu=e_mu, e_rs=e_rs)
+
+
+def with_rounding(ref, err, dtype):
+    """Bound on |result - ref| once a value within ``err`` of ``ref`` is rounded to ``dtype``."""
+    return err + UNIT[dtype] * (ref.abs() + err) + HALF_MIN_STEP[dtype]
+
+
+def assert_within(got, ref, allowed, name):
+    got = got.double().reshape(ref.shape)
+    bad = ~((got - ref).abs() <= allowed)  # NaN counts as bad
+    if bad.any():
+        i = tuple(torch.nonzero(bad)[0].tolist())
+        raise AssertionError(f"{name}: {int(bad.sum())} of {bad.numel()} elements off; first at {i}: got "
+                             f"{got[i].item()!r}, expected {ref[i].item()!r} +- {allowed[i].item():.3g}")
+
+
+def fp8_ordinal(bits):
+    """FP8 codes ordered as their values: -127 ... -0 = +0 ... 127 (NaN excluded)."""
+    b = bits.to(torch.int32)
+    return torch.where(b >= 0x80, -(b & 0x7F), b & 0x7F)
+
+
+def fp8_cast_ordinal(v, fp8_dtype):
+    fmax = FP8_MAX[fp8_dtype]
+    return fp8_ordinal(torch.clamp(v, -fmax, fmax).float().to(TORCH_FP8[fp8_dtype]).view(torch.uint8))
+
+
+def check_fp8_codes(bits, y, err, scale: float, fp8_dtype, name):
+    """Each code is the cast of (some value within ``err`` of y) * scale, the fp32 product
+    rounded (and the float64 -> fp32 step of torch's cast: 2u of widening). Returns how many
+    differ from the cast of y * scale.
+
+    Not "at most one FP8 step from the cast of y * scale": where x is close to mu, fp32's
+    error in x - mu is absolute and can span many of FP8's small steps near zero."""
+    lo, hi = (y - err) * scale, (y + err) * scale
+    o_lo = fp8_cast_ordinal(lo - lo.abs() * 2 * U, fp8_dtype)
+    o_hi = fp8_cast_ordinal(hi + hi.abs() * 2 * U, fp8_dtype)
+    o_ref = fp8_cast_ordinal(y * scale, fp8_dtype)
+    o = fp8_ordinal(bits.reshape(y.shape))
+    bad = (o < o_lo) | (o > o_hi)
+    if bad.any():
+        i = tuple(torch.nonzero(bad)[0].tolist())
+        raise AssertionError(f"{name}: {int(bad.sum())} FP8 codes off; first at {i}: code ordinal {int(o[i])}, "
+                             f"allowed [{int(o_lo[i])}, {int(o_hi[i])}], cast of the reference {int(o_ref[i])} "
+                             f"(y * scale = {float(y[i]) * scale!r})")
+    return int((o != o_ref).sum())
+
+
+def run_fwd(norm, x, w, b, eps, zero_centered, **kw):
+    if norm == "layernorm":
+        return layernorm_fwd(x, w, b, eps, zero_centered, **kw)
+    out, mu, rsigma = rmsnorm_fwd(x, w, eps, zero_centered, **kw)
+    assert mu is None  # Transformer Engine's (out, None, rsigma)
+    return out, mu, rsigma
+
+
+def run_bwd(norm, dz, x, mu, rsigma, w, zero_centered):
+    if norm == "layernorm":
+        return layernorm_bwd(dz, x, mu, rsigma, w, zero_centered)
+    dx, dgamma = rmsnorm_bwd(dz, x, rsigma, w, zero_centered)
+    return dx, dgamma, None
+
+
+def check_fwd_cpu(norm, x, w, b, eps, zero_centered, out_dtype=None):
+    """Runs the forward on the CPU and checks y, mu and rsigma against the bounds."""
+    out, mu, rsigma = run_fwd(norm, x, w, b, eps, zero_centered, out_dtype=out_dtype)
+    y, mu_ref, rs_ref, bnd = reference_fwd(norm, x, w, b, eps, zero_centered)
+    out_dtype = out_dtype or x.dtype
+    rows = y.shape[0]
+    assert out.dtype == out_dtype and out.shape == x.shape
+    assert rsigma.dtype == torch.float32 and rsigma.shape == (rows,)
+    assert_within(out, y, with_rounding(y, bnd["err"], out_dtype), "y")
+    assert_within(rsigma, rs_ref, bnd["e_rs"] * rs_ref, "rsigma")
+    if norm == "layernorm":
+        assert mu.dtype == torch.float32 and mu.shape == (rows,)
+        assert_within(mu, mu_ref, bnd["e_mu"], "mu")
+    return out, mu, rsigma
+
+
+# ---- forward, CPU ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("x_dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd(norm, x_dtype, hidden, rows, gen):
+    x, w, b = make_inputs((rows,), hidden, x_dtype, OTHER[x_dtype], False, gen)
+    check_fwd_cpu(norm, x, w, b, 1e-5, False)
+
+
+@pytest.mark.parametrize("x_dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd_hidden_16384(norm, x_dtype, gen):
+    x, w, b = make_inputs((2,), 16384, x_dtype, torch.float32, False, gen)
+    check_fwd_cpu(norm, x, w, b, 1e-5, False)
+
+
+@pytest.mark.parametrize("w_dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("x_dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd_dtype_pairs(norm, x_dtype, w_dtype, gen):
+    x, w, b = make_inputs((5,), 200, x_dtype, w_dtype, False, gen)
+    check_fwd_cpu(norm, x, w, b, 1e-5, False)
+
+
+@pytest.mark.parametrize("out_dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd_out_dtype(norm, out_dtype, gen):
+    x, w, b = make_inputs((4,), 96, torch.bfloat16, torch.float32, False, gen)
+    check_fwd_cpu(norm, x, w, b, 1e-5, False, out_dtype=out_dtype)
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-12, 1e-6, 1e-3, 1.0])
+@pytest.mark.parametrize("zero_centered", [False, True], ids=["gamma", "zero_centered_gamma"])
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd_eps_zero_centered(norm, zero_centered, eps, gen):
+    x, w, b = make_inputs((7,), 127, torch.bfloat16, torch.float32, zero_centered, gen)
+    check_fwd_cpu(norm, x, w, b, eps, zero_centered)
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd_leading_dims(norm, gen):
+    """[batch, seq, hidden]: normalized over the last dim, statistics [batch * seq]."""
+    x, w, b = make_inputs((2, 3, 5), 64, torch.float16, torch.float16, True, gen)
+    out, mu, rsigma = check_fwd_cpu(norm, x, w, b, 1e-5, True)
+    assert out.shape == (2, 3, 5, 64) and rsigma.shape == (30,)
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd_zero_rows(norm):
+    x = torch.empty(0, 64, dtype=torch.bfloat16)
+    out, mu, rsigma = run_fwd(norm, x, torch.ones(64), torch.zeros(64), 1e-5, False)
+    assert out.shape == (0, 64) and out.dtype == torch.bfloat16 and rsigma.shape == (0,)
+    scale, amax = torch.tensor([4.0]), torch.tensor([2.5])
+    out, _, _ = run_fwd(norm, x, torch.ones(64), torch.zeros(64), 1e-5, False, fp8_dtype=E4M3, scale=scale,
+                        amax=amax, columnwise=True)
+    assert out._data.shape == (0, 64) and out._transpose.shape == (64, 0)
+    assert amax.item() == 2.5 and out._scale_inv.item() == 0.25
+
+
+# ---- fused norm + FP8 cast, CPU ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("columnwise", [False, True], ids=["rowwise", "both"])
+@pytest.mark.parametrize("fp8_dtype", [E4M3, E5M2], ids=dtype_id)
+@pytest.mark.parametrize("x_dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd_fp8(norm, x_dtype, fp8_dtype, columnwise, gen):
+    x, w, b = make_inputs((37,), 1000, x_dtype, torch.float32, norm == "layernorm", gen)
+    zc = norm == "layernorm"
+    y, _, _, bnd = reference_fwd(norm, x, w, b, 1e-5, zc)
+    # the largest value lands at 0.77 of FP8's max; the scale is not a power of two
+    scale = f32(FP8_MAX[fp8_dtype] / float(y.abs().max()) * 0.77)
+    amax = torch.tensor([1e-3])
+    out, mu, rsigma = run_fwd(norm, x, w, b, 1e-5, zc, fp8_dtype=fp8_dtype, scale=torch.tensor([scale]), amax=amax,
+                              columnwise=columnwise)
+    assert isinstance(out, Float8TensorBase) and out._fp8_dtype == fp8_dtype and out.size() == x.shape
+    assert out._data.dtype == torch.uint8
+    differing = check_fp8_codes(out._data, y, bnd["err"], scale, fp8_dtype, "rowwise")
+    # fp32's error (about 1e-6 of |y|) moves only codes that close to a rounding midpoint
+    assert differing <= y.numel() // 1000, f"{differing} of {y.numel()} codes differ from the cast of the reference"
+    if columnwise:
+        assert out._transpose.shape == (1000, 37)
+        assert torch.equal(out._transpose, out._data.t())
+    else:
+        assert out._transpose is None
+    assert out._scale_inv.item() == f32(1.0 / scale)
+    assert abs(amax.item() - float(y.abs().max())) <= float(bnd["err"].max())
+
+
+@pytest.mark.parametrize("fp8_dtype", [E4M3, E5M2], ids=dtype_id)
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd_fp8_saturates_and_underflows(norm, fp8_dtype, gen):
+    """Scales that push most of the output past FP8's max (saturated, never NaN) or
+    below half its smallest subnormal (zeros)."""
+    x, w, b = make_inputs((3,), 127, torch.bfloat16, torch.bfloat16, False, gen)
+    y, _, _, bnd = reference_fwd(norm, x, w, b, 1e-5, False)
+    median = float(y.abs().median())
+    saturating = f32(2 * FP8_MAX[fp8_dtype] / median)  # everything above half the median |y| saturates
+    underflowing = f32(FP8_MIN_SUBNORMAL[fp8_dtype] / (4 * median))  # half of y below a quarter step
+    for scale in (saturating, underflowing):
+        out, _, _ = run_fwd(norm, x, w, b, 1e-5, False, fp8_dtype=fp8_dtype, scale=torch.tensor([scale]))
+        check_fp8_codes(out._data, y, bnd["err"], scale, fp8_dtype, f"scale {scale}")
+        values = out._data.view(TORCH_FP8[fp8_dtype]).float()
+        assert not values.isnan().any()
+        if scale == saturating:
+            assert (values.abs() == FP8_MAX[fp8_dtype]).sum() > y.numel() // 2
+        else:
+            assert (values == 0).sum() >= y.numel() // 2
+
+
+@pytest.mark.parametrize("fp8_dtype", [E4M3, E5M2], ids=dtype_id)
+@pytest.mark.parametrize("zero_centered", [False, True], ids=["gamma", "zero_centered_gamma"])
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd_fp8_exact(norm, zero_centered, fp8_dtype):
+    """Rows m +- 2 (mean m, variance 4, rsigma 1/2 with eps = 0): y = +-g + beta exactly,
+    so every code, amax and scale_inv must be exact."""
+    rows, hidden = 4, 66
+    means = torch.tensor([0.0, 3.0, -1.5, 100.0]) if norm == "layernorm" else torch.zeros(4)
+    signs = torch.where((torch.arange(hidden)[None, :] + torch.arange(rows)[:, None]) % 2 == 1, 2.0, -2.0)
+    x = means[:, None] + signs
+    c = torch.arange(hidden, dtype=torch.float32)
+    w = 0.25 * (c % 9) - 1.0
+    b = 0.125 * (c % 5) - 0.25
+    g = w + (1.0 if zero_centered else 0.0)
+    y = signs / 2 * g  # exact in fp32; -0 where g = 0, as the core's x * rsigma * g
+    if norm == "layernorm":
+        y = y + b
+    scale = 37.0  # not a power of two: y * scale rounds
+    amax = torch.zeros(1)
+    out, mu, rsigma = run_fwd(norm, x, w, b, 0.0, zero_centered, fp8_dtype=fp8_dtype, scale=torch.tensor([scale]),
+                              amax=amax, columnwise=True)
+    assert torch.equal(out._data, ref_quantize(y, fp8_dtype, scale))
+    assert torch.equal(out._transpose, out._data.t())
+    assert amax.item() == float(y.abs().max())
+    assert out._scale_inv.item() == f32(1.0 / 37.0)
+    assert torch.equal(rsigma, torch.full((rows,), 0.5))
+    if norm == "layernorm":
+        assert torch.equal(mu, means)
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd_fp8_amax_accumulates(norm, gen):
+    """amax = max(amax, max|y|): a larger amax stays, a smaller one is raised."""
+    x, w, b = make_inputs((3,), 64, torch.float32, torch.float32, False, gen)
+    y, *_ = reference_fwd(norm, x, w, b, 1e-5, False)
+    big = torch.tensor([1e6])
+    run_fwd(norm, x, w, b, 1e-5, False, fp8_dtype=E4M3, scale=torch.ones(1), amax=big)
+    assert big.item() == 1e6
+    small = torch.tensor([1e-6])
+    run_fwd(norm, x, w, b, 1e-5, False, fp8_dtype=E4M3, scale=torch.ones(1), amax=small)
+    assert small.item() == pytest.approx(float(y.abs().max()), rel=1e-4)
+
+
+# ---- backward, CPU ----------------------------------------------------------------------------
+
+
+def reference_bwd(norm, dz, x, w, b, eps, zero_centered):
+    """float64 autograd gradients (dx [rows, hidden], dgamma, dbeta), the statistics as a
+    forward saves them (fp32), and the bounds on the core's error."""
+    hidden = x.shape[-1]
+    x64 = x.double().reshape(-1, hidden).requires_grad_()
+    w64 = w.double().requires_grad_()
+    b64 = b.double().requires_grad_()
+    dz64 = dz.double().reshape(-1, hidden)
+    g = w64 + (1.0 if zero_centered else 0.0)
+    if norm == "layernorm":
+        y = F.layer_norm(x64, (hidden,), g, b64, f32(eps))
+    else:
+        y = F.rms_norm(x64, (hidden,), g, f32(eps))
+    y.backward(dz64)
+    _, mu, rs, _ = reference_fwd(norm, x, w, b, eps, zero_centered)
+    mu32, rs32 = mu.float(), rs.float()
+
+    # Bounds: fp32 arithmetic as in the forward (6u per elementwise chain, c_n per sum of
+    # n terms), plus the statistics rounded to fp32 (|d mu| <= u|mu|, d rsigma <= u rsigma).
+    rows = x64.shape[0]
+    c_n, c_rows = 2 * (hidden + 8) * U, 2 * (rows + 8) * U
+    gd = g.detach()
+    xhat = (x64.detach() - mu[:, None]) * rs[:, None]
+    dyg = dz64 * gd
+    mean_dyg = dyg.mean(-1, keepdim=True)
+    mdyg = mean_dyg if norm == "layernorm" else torch.zeros_like(mean_dyg)
+    m2 = (dyg * xhat).mean(-1, keepdim=True)
+    r, m = rs[:, None], mu[:, None].abs()
+    dx_err = 1.01 * r * (8 * U * (dyg.abs() + mdyg.abs()) + 10 * U * (xhat * m2).abs()
+                         + c_n * ((dyg.abs().mean(-1, keepdim=True) if norm == "layernorm" else 0.0)
+                                  + xhat.abs() * (dyg * xhat).abs().mean(-1, keepdim=True))
+                         + r * U * m * (m2.abs() + xhat.abs() * mean_dyg.abs()))
+    dg_err = 1.01 * ((c_rows + 5 * U) * (dz64 * xhat).abs().sum(0) + U * (dz64.abs() * r * m).sum(0))
+    db_err = c_rows * dz64.abs().sum(0)
+    grads = (x64.grad, w64.grad, b64.grad if norm == "layernorm" else None)
+    return grads, (mu32 if norm == "layernorm" else None, rs32), (dx_err, dg_err, db_err)
+
+
+def check_bwd_cpu(norm, lead, hidden, x_dtype, w_dtype, zero_centered, gen):
+    x, w, b = make_inputs(lead, hidden, x_dtype, w_dtype, zero_centered, gen)
+    dz = (2 * torch.randn(x.shape, generator=gen)).to(x_dtype)
+    (dx_ref, dg_ref, db_ref), (mu, rs), (dx_err, dg_err, db_err) = reference_bwd(norm, dz, x, w, b, 1e-5,
+                                                                                 zero_centered)
+    dx, dgamma, dbeta = run_bwd(norm, dz, x, mu, rs, w, zero_centered)
+    assert dx.dtype == x_dtype and dx.shape == x.shape
+    assert dgamma.dtype == w_dtype and dgamma.shape == w.shape
+    assert_within(dx, dx_ref, with_rounding(dx_ref, dx_err, x_dtype), "dx")
+    assert_within(dgamma, dg_ref, with_rounding(dg_ref, dg_err, w_dtype), "dgamma")
+    if norm == "layernorm":
+        assert dbeta.dtype == w_dtype and dbeta.shape == w.shape
+        assert_within(dbeta, db_ref, with_rounding(db_ref, db_err, w_dtype), "dbeta")
+    else:
+        assert dbeta is None
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("x_dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("norm", NORMS)
+def test_bwd(norm, x_dtype, hidden, rows, gen):
+    check_bwd_cpu(norm, (rows,), hidden, x_dtype, OTHER[x_dtype], False, gen)
+
+
+@pytest.mark.parametrize("x_dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("norm", NORMS)
+def test_bwd_hidden_16384(norm, x_dtype, gen):
+    check_bwd_cpu(norm, (2,), 16384, x_dtype, torch.float32, True, gen)
+
+
+@pytest.mark.parametrize("w_dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("x_dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("norm", NORMS)
+def test_bwd_dtype_pairs_zero_centered(norm, x_dtype, w_dtype, gen):
+    check_bwd_cpu(norm, (2, 5), 200, x_dtype, w_dtype, True, gen)
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_bwd_zero_rows(norm):
+    """No rows: dgamma and dbeta are sums of nothing, zeros."""
+    x = torch.empty(0, 48, dtype=torch.bfloat16)
+    stats = torch.empty(0)
+    dx, dgamma, dbeta = run_bwd(norm, x, x, stats, stats, torch.ones(48), False)
+    assert dx.shape == (0, 48) and torch.equal(dgamma, torch.zeros(48))
+    if norm == "layernorm":
+        assert torch.equal(dbeta, torch.zeros(48))
+
+
+@pytest.mark.parametrize("zero_centered", [False, True], ids=["gamma", "zero_centered_gamma"])
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd_then_bwd_matches_autograd(norm, zero_centered, gen):
+    """A training step's use: the forward's own statistics feed the backward; fp32
+    throughout, compared with torch's fp32 autograd of the same module."""
+    x, w, b = make_inputs((6, 7), 256, torch.float32, torch.float32, zero_centered, gen)
+    dz = torch.randn(x.shape, generator=gen)
+    out, mu, rsigma = run_fwd(norm, x, w, b, 1e-5, zero_centered)
+    dx, dgamma, dbeta = run_bwd(norm, dz, x, mu, rsigma, w, zero_centered)
+    xt, wt, bt = (t.clone().requires_grad_() for t in (x, w, b))
+    g = wt + (1.0 if zero_centered else 0.0)
+    yt = F.layer_norm(xt, (256,), g, bt, 1e-5) if norm == "layernorm" else F.rms_norm(xt, (256,), g, 1e-5)
+    yt.backward(dz)
+    torch.testing.assert_close(out, yt.detach(), rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(dx, xt.grad, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(dgamma, wt.grad, rtol=2e-5, atol=1e-4)
+    if norm == "layernorm":
+        torch.testing.assert_close(dbeta, bt.grad, rtol=2e-5, atol=1e-4)
+
+
+# ---- CUDA: the kernels against the CPU core and the float64 reference ------------------------
+
+# K of the rule: torch and our kernels sum the rows in different orders, so their fp32
+# errors differ by small factors; 4 leaves room for that, not for a wrong formula.
+K = 4
+CUDA_SHAPES = [(1, 64), (37, 127), (3, 768), (333, 1000), (4096, 1024), (8, 4097), (2, 16384), (1024, 8192)]
+
+
+def maxabs(t) -> float:
+    return float(t.abs().max()) if t.numel() else 0.0
+
+
+def check_rule(got, cpu, ref, torch_res, name, unit, err_torch=None):
+    """DESIGN.md's rule against the float64 reference, and agreement with the CPU core.
+    atol: one ulp of the output at its largest value (values computed in another order
+    may round the other way). ``err_torch`` replaces max|torch_res - ref| where torch's
+    error is measured on something else (amax: on all of y)."""
+    g, c = (v.double().cpu().reshape(ref.shape) for v in (got, cpu))
+    assert not torch.isnan(g).any(), f"{name}: NaN in the CUDA result (an element left unwritten?)"
+    if err_torch is None:
+        err_torch = maxabs(torch_res.double().cpu().reshape(ref.shape) - ref)
+    err, err_cpu = maxabs(g - ref), maxabs(c - ref)
+    atol = 2 * unit * maxabs(ref) + 1e-30
+    assert err <= K * err_torch + atol, f"{name}: error {err:.3g} > {K} x torch's {err_torch:.3g} + {atol:.3g}"
+    diff = maxabs(g - c)
+    assert diff <= K * err_torch + err_cpu + atol, (
+        f"{name}: CUDA and CPU core differ by {diff:.3g} (> {K} x {err_torch:.3g} + {err_cpu:.3g} + {atol:.3g})")
+
+
+def poison_cache(nbytes: int, device) -> None:
+    """Leaves NaN bytes (0xff: NaN in fp32, fp16, bf16 and both FP8 formats) in the caching
+    allocator's free blocks, so an output element the kernel leaves unwritten shows."""
+    torch.full((nbytes,), 0xFF, dtype=torch.uint8, device=device)
+
+
+def torch_fwd_fp32(norm, x, w, b, eps, zero_centered):
+    """PyTorch's forward in fp32 on the GPU (y fp32, mu, rsigma)."""
+    hidden = x.shape[-1]
+    x32 = x.float().reshape(-1, hidden)
+    g = w.float() + (1.0 if zero_centered else 0.0)
+    if norm == "layernorm":
+        y, mu, rs = torch.native_layer_norm(x32, (hidden,), g, b.float(), f32(eps))
+        return y, mu.reshape(-1), rs.reshape(-1)
+    rs = torch.rsqrt((x32 * x32).mean(-1) + f32(eps))
+    return x32 * rs[:, None] * g, None, rs
+
+
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("shape", CUDA_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("x_dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd_cuda(norm, x_dtype, shape, device, gen):
+    rows, hidden = shape
+    zc = rows % 2 == 1
+    x, w, b = make_inputs((rows,), hidden, x_dtype, OTHER[x_dtype], zc, gen)
+    poison_cache(x.numel() * 4, device)
+    got = run_fwd(norm, x.to(device), w.to(device), b.to(device), 1e-5, zc)
+    cpu = run_fwd(norm, x, w, b, 1e-5, zc)
+    y, mu, rs, _ = reference_fwd(norm, x, w, b, 1e-5, zc)
+    base_y, base_mu, base_rs = torch_fwd_fp32(norm, x.to(device), w.to(device), b.to(device), 1e-5, zc)
+    check_rule(got[0], cpu[0], y, base_y.to(x_dtype), "y", UNIT[x_dtype])
+    check_rule(got[2], cpu[2], rs, base_rs, "rsigma", U)
+    if norm == "layernorm":
+        check_rule(got[1], cpu[1], mu, base_mu, "mu", U)
+
+
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("columnwise", [False, True], ids=["rowwise", "both"])
+@pytest.mark.parametrize("fp8_dtype", [E4M3, E5M2], ids=dtype_id)
+@pytest.mark.parametrize("shape", [(37, 1000), (4096, 1024), (5, 16384)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd_fp8_cuda(norm, x_dtype, shape, fp8_dtype, columnwise, device, gen):
+    """FP8 codes within the CPU bound of the float64 reference (the kernels' fp32 error is
+    of the CPU core's size), scale_inv equal to the CPU core's, amax by the rule."""
+    rows, hidden = shape
+    x, w, b = make_inputs((rows,), hidden, x_dtype, torch.float32, True, gen)
+    y, _, _, bnd = reference_fwd(norm, x, w, b, 1e-5, True)
+    scale = f32(FP8_MAX[fp8_dtype] / maxabs(y) * 0.77)
+    poison_cache(x.numel(), device)
+    amax_gpu, amax_cpu = torch.zeros(1, device=device), torch.zeros(1)
+    got, _, _ = run_fwd(norm, x.to(device), w.to(device), b.to(device), 1e-5, True, fp8_dtype=fp8_dtype,
+                        scale=torch.tensor([scale], device=device), amax=amax_gpu, columnwise=columnwise)
+    cpu, _, _ = run_fwd(norm, x, w, b, 1e-5, True, fp8_dtype=fp8_dtype, scale=torch.tensor([scale]), amax=amax_cpu,
+                        columnwise=columnwise)
+    differing = check_fp8_codes(got._data.cpu(), y, bnd["err"], scale, fp8_dtype, "rowwise")
+    assert differing <= y.numel() // 1000
+    if columnwise:
+        assert torch.equal(got._transpose.cpu(), got._data.cpu().t())
+    assert got._scale_inv.item() == cpu._scale_inv.item()
+    # amax is max|y| of the fp32 y: its error is that of one element of y
+    base_y, _, _ = torch_fwd_fp32(norm, x.to(device), w.to(device), b.to(device), 1e-5, True)
+    ref_amax = torch.tensor([maxabs(y)], dtype=torch.float64)
+    check_rule(amax_gpu, amax_cpu, ref_amax, None, "amax", U, err_torch=maxabs(base_y.double().cpu() - y))
+
+
+def torch_bwd_fp32(norm, dz, x, w, b, eps, zero_centered):
+    """PyTorch's autograd of the same norm in fp32 on the GPU, rounded to the result dtypes."""
+    hidden = x.shape[-1]
+    x32 = x.float().reshape(-1, hidden).requires_grad_()
+    w32 = w.float().requires_grad_()
+    b32 = b.float().requires_grad_()
+    g = w32 + (1.0 if zero_centered else 0.0)
+    if norm == "layernorm":
+        y = F.layer_norm(x32, (hidden,), g, b32, f32(eps))
+    else:
+        y = F.rms_norm(x32, (hidden,), g, f32(eps))
+    y.backward(dz.float().reshape(-1, hidden))
+    return x32.grad.to(x.dtype), w32.grad.to(w.dtype), b32.grad.to(w.dtype) if norm == "layernorm" else None
+
+
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("shape", CUDA_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("x_dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("norm", NORMS)
+def test_bwd_cuda(norm, x_dtype, shape, device, gen):
+    rows, hidden = shape
+    zc = rows % 2 == 0
+    w_dtype = OTHER[x_dtype]
+    x, w, b = make_inputs((rows,), hidden, x_dtype, w_dtype, zc, gen)
+    dz = (2 * torch.randn(x.shape, generator=gen)).to(x_dtype)
+    (dx_ref, dg_ref, db_ref), (mu, rs), _ = reference_bwd(norm, dz, x, w, b, 1e-5, zc)
+    dev = lambda t: t.to(device) if t is not None else None  # noqa: E731
+    poison_cache(x.numel() * 4, device)
+    got = run_bwd(norm, dz.to(device), x.to(device), dev(mu), rs.to(device), w.to(device), zc)
+    cpu = run_bwd(norm, dz, x, mu, rs, w, zc)
+    base = torch_bwd_fp32(norm, dz.to(device), x.to(device), w.to(device), b.to(device), 1e-5, zc)
+    check_rule(got[0], cpu[0], dx_ref, base[0], "dx", UNIT[x_dtype])
+    check_rule(got[1], cpu[1], dg_ref, base[1], "dgamma", UNIT[w_dtype])
+    if norm == "layernorm":
+        check_rule(got[2], cpu[2], db_ref, base[2], "dbeta", UNIT[w_dtype])
+
+
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("norm", NORMS)
+def test_zero_rows_cuda(norm, device):
+    x = torch.empty(0, 64, dtype=torch.bfloat16, device=device)
+    w, b = torch.ones(64, device=device), torch.zeros(64, device=device)
+    out, _, rsigma = run_fwd(norm, x, w, b, 1e-5, False)
+    assert out.shape == (0, 64) and rsigma.shape == (0,)
+    stats = torch.empty(0, device=device)
+    dx, dgamma, dbeta = run_bwd(norm, x, x, stats if norm == "layernorm" else None, stats, w, False)
+    assert torch.equal(dgamma.cpu(), torch.zeros(64))
+    if norm == "layernorm":
+        assert torch.equal(dbeta.cpu(), torch.zeros(64))
