@@ -74,14 +74,6 @@ void check_workspace(const te_device& device, const MatrixShape& m, const void* 
   if (need > 0) check_pointer(workspace, "workspace", "pointer");
 }
 
-#if OPENTE_WITH_CUDA
-// The CUDA kernels arrive with issue 4's CUDA step, which replaces the calls to
-// this with norm_fwd_cuda / norm_bwd_cuda (norm_params.h).
-[[noreturn]] void cuda_kernels_pending() {
-  fail(TE_ERROR_NOT_IMPLEMENTED, "CUDA tensors are not supported yet (kernels arrive with issue 4's CUDA step)");
-}
-#endif
-
 // The forward of both norms; beta and mu are null for RMSNorm.
 void norm_fwd(NormType type, const te_tensor* input_desc, const te_tensor* gamma_desc, const te_tensor* beta_desc,
               float eps, int zero_centered_gamma, const te_tensor* output_desc, const te_tensor* mu_desc,
@@ -147,7 +139,7 @@ void norm_fwd(NormType type, const te_tensor* input_desc, const te_tensor* gamma
   if (in.device.type == TE_DEVICE_CPU) {
     norm_fwd_cpu(p);
   } else {
-    OPENTE_CUDA_CALL("input", cuda_kernels_pending());
+    OPENTE_CUDA_CALL("input", norm_fwd_cuda(p, in.device.index, workspace, workspace_size, stream));
   }
 }
 
@@ -206,7 +198,7 @@ void norm_bwd(NormType type, const te_tensor* dz_desc, const te_tensor* x_desc, 
   if (x.device.type == TE_DEVICE_CPU) {
     norm_bwd_cpu(p);
   } else {
-    OPENTE_CUDA_CALL("x", cuda_kernels_pending());
+    OPENTE_CUDA_CALL("x", norm_bwd_cuda(p, x.device.index, workspace, workspace_size, stream));
   }
 }
 

@@ -71,8 +71,6 @@ void norm_fwd_cpu(const NormFwdParams& p);
 void norm_bwd_cpu(const NormBwdParams& p);
 
 #if OPENTE_WITH_CUDA
-// Declared for the CUDA step of issue 4, which defines them; until then norm.cpp
-// refuses CUDA tensors and nothing calls these.
 void norm_fwd_cuda(const NormFwdParams& p, int device, void* workspace, size_t workspace_size, void* stream);
 void norm_bwd_cuda(const NormBwdParams& p, int device, void* workspace, size_t workspace_size, void* stream);
 #endif
