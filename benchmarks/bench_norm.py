@@ -1,0 +1,98 @@
+"""LayerNorm and RMSNorm (forward and backward) against the device's copy
+bandwidth and against PyTorch, in one run.
+
+    python3 benchmarks/bench_norm.py            # needs a CUDA GPU
+
+Bytes counted (bf16 x and weights, [rows, hidden]): forward reads x and writes y
+(2 + 2 bytes an element); backward reads dz and x and writes dx (6 bytes an
+element); the statistics and the [hidden] vectors are left out. PyTorch does the
+same work with F.layer_norm / F.rms_norm (forward) and their autograd backward
+(timed as backward of a saved graph, dx and dweight).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from transformer_engine import _core
+from transformer_engine.pytorch.cpp_extensions import layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
+
+
+def event_times_us(fn, iters: int) -> list[float]:
+    """Times of `iters` calls, from CUDA events around each, all queued before one wait."""
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) * 1e3 for start, end in events]
+
+
+def time_pair_us(ours, theirs, iters: int, rounds: int = 5) -> tuple[float, float]:
+    """Medians of two functions timed in alternating rounds (clock drift hits both alike)."""
+    for _ in range(5):
+        ours()
+        theirs()
+    a, b = [], []
+    for _ in range(rounds):
+        a += event_times_us(ours, iters // rounds)
+        b += event_times_us(theirs, iters // rounds)
+    return statistics.median(a), statistics.median(b)
+
+
+def copy_bandwidth(nbytes: int, iters: int) -> float:
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    return 2 * nbytes / (statistics.median(event_times_us(lambda: dst.copy_(src), iters)) * 1e-6)
+
+
+def cases(rows: int, hidden: int):
+    x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
+    dz = torch.randn_like(x)
+    w = torch.rand(hidden, device="cuda", dtype=torch.bfloat16) + 0.5
+    b = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
+    eps = 1e-5
+    _, mu, rs = layernorm_fwd(x, w, b, eps)
+    _, _, rs_rms = rmsnorm_fwd(x, w, eps)
+
+    xg = x.detach().requires_grad_()
+    wg, bg = w.detach().requires_grad_(), b.detach().requires_grad_()
+    y_ln = F.layer_norm(xg, (hidden,), wg, bg, eps)
+    y_rms = F.rms_norm(xg, (hidden,), wg, eps)
+    n = x.numel()
+    yield ("layernorm fwd", 4 * n, lambda: layernorm_fwd(x, w, b, eps),
+           lambda: F.layer_norm(x, (hidden,), w, b, eps))
+    yield ("layernorm bwd", 6 * n, lambda: layernorm_bwd(dz, x, mu, rs, w),
+           lambda: torch.autograd.grad(y_ln, (xg, wg, bg), dz, retain_graph=True))
+    yield ("rmsnorm fwd", 4 * n, lambda: rmsnorm_fwd(x, w, eps), lambda: F.rms_norm(x, (hidden,), w, eps))
+    yield ("rmsnorm bwd", 6 * n, lambda: rmsnorm_bwd(dz, x, rs_rms, w),
+           lambda: torch.autograd.grad(y_rms, (xg, wg), dz, retain_graph=True))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--iters", type=int, default=100)
+    parser.add_argument("--shapes", default="16384x4096,8192x8192,32768x1024")
+    args = parser.parse_args()
+    if not torch.cuda.is_available() or not _core.built_with_cuda():
+        raise SystemExit("bench_norm.py needs a CUDA GPU and a CUDA build of OpenTE")
+    copy_bw = copy_bandwidth(1 << 30, args.iters)
+    print(f"device: {torch.cuda.get_device_name()}  copy bandwidth (read+write, 1 GiB): {copy_bw / 1e9:.0f} GB/s")
+    header = ("op", "rows x hidden (bf16)", "OpenTE us", "GB/s", "of copy BW", "PyTorch us", "speed-up")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for rows, hidden in (map(int, s.split("x")) for s in args.shapes.split(",")):
+        for name, nbytes, ours, theirs in cases(rows, hidden):
+            us, torch_us = time_pair_us(ours, theirs, args.iters)
+            bw = nbytes / (us * 1e-6)
+            print(f"| {name} | {rows} x {hidden} | {us:.1f} | {bw / 1e9:.0f} | {bw / copy_bw:.1%} | {torch_us:.1f} "
+                  f"| {torch_us / us:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
