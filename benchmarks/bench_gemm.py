@@ -15,10 +15,10 @@ The binding is called with descriptors built once, so Python helper overhead is 
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 import torch.nn.functional as F
+from timing import time_pair_us
 
 from transformer_engine import _core
 from transformer_engine.pytorch.cpp_extensions.tensor_desc import describe
@@ -27,33 +27,6 @@ E4M3 = _core.DType.kFloat8E4M3
 PER_TENSOR = _core.ScalingMode.PER_TENSOR
 EPI = _core.GemmEpilogue
 SHAPES = "8192x8192x8192,16384x4096x16384,16384x16384x4096,4096x4096x4096,2048x2048x8192,16384x4096x12288"
-
-
-def event_times_us(fn, iters: int) -> list[float]:
-    """Times of `iters` calls in microseconds, from CUDA events around each call.
-
-    All calls are queued before the host waits, so the GPU never idles between
-    them and the events time the kernels, not the host's launch latency."""
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return [start.elapsed_time(end) * 1e3 for start, end in events]
-
-
-def time_pair_us(ours, theirs, iters: int, rounds: int = 5, warmup: int = 10) -> tuple[float, float]:
-    """Median times of two functions, measured in alternating rounds so that
-    clock and temperature drift during the run affect both alike."""
-    for _ in range(warmup):
-        ours()
-        theirs()
-    ours_times, their_times = [], []
-    for _ in range(rounds):
-        ours_times += event_times_us(ours, max(1, iters // rounds))
-        their_times += event_times_us(theirs, max(1, iters // rounds))
-    return statistics.median(ours_times), statistics.median(their_times)
 
 
 def fp8_desc(q: torch.Tensor, scale_inv: torch.Tensor) -> _core.Tensor:

@@ -13,42 +13,13 @@ same work with F.layer_norm / F.rms_norm (forward) and their autograd backward
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 import torch.nn.functional as F
+from timing import copy_bandwidth, time_pair_us
 
 from transformer_engine import _core
 from transformer_engine.pytorch.cpp_extensions import layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
-
-
-def event_times_us(fn, iters: int) -> list[float]:
-    """Times of `iters` calls, from CUDA events around each, all queued before one wait."""
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return [start.elapsed_time(end) * 1e3 for start, end in events]
-
-
-def time_pair_us(ours, theirs, iters: int, rounds: int = 5) -> tuple[float, float]:
-    """Medians of two functions timed in alternating rounds (clock drift hits both alike)."""
-    for _ in range(5):
-        ours()
-        theirs()
-    a, b = [], []
-    for _ in range(rounds):
-        a += event_times_us(ours, iters // rounds)
-        b += event_times_us(theirs, iters // rounds)
-    return statistics.median(a), statistics.median(b)
-
-
-def copy_bandwidth(nbytes: int, iters: int) -> float:
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
-    dst = torch.empty_like(src)
-    return 2 * nbytes / (statistics.median(event_times_us(lambda: dst.copy_(src), iters)) * 1e-6)
 
 
 def cases(rows: int, hidden: int):

@@ -12,39 +12,15 @@ amax then cast for quantize (plus .t().contiguous() for cast+transpose),
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
+from timing import copy_bandwidth, time_us
 
 from transformer_engine import _core
 from transformer_engine.pytorch.cpp_extensions.tensor_desc import describe
 
 E4M3 = _core.DType.kFloat8E4M3
 PER_TENSOR = _core.ScalingMode.PER_TENSOR
-
-
-def time_us(fn, iters: int, warmup: int = 5) -> float:
-    """Median time of one call in microseconds, from CUDA events around each call.
-
-    All calls are queued before the host waits, so the GPU never idles between
-    them and the events time the kernels, not the host's launch latency."""
-    for _ in range(warmup):
-        fn()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) * 1e3 for start, end in events)
-
-
-def copy_bandwidth(nbytes: int, iters: int) -> float:
-    """Device-to-device copy of `nbytes`, bytes read + written per second."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
-    dst = torch.empty_like(src)
-    us = time_us(lambda: dst.copy_(src), iters)
-    return 2 * src.numel() / (us * 1e-6)
 
 
 def bench_shape(rows: int, cols: int, copy_bw: float, same_size_bw: float, iters: int):

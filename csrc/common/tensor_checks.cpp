@@ -81,4 +81,14 @@ void check_pointer(const void* p, const char* arg, const char* field) {
   OPENTE_CHECK_ARG(p != nullptr, arg, ".", field, " must not be null");
 }
 
+void check_per_tensor_scaling(const te_tensor& t, const char* arg) {
+  if (t.scaling_mode == TE_SCALING_BLOCK_1D || t.scaling_mode == TE_SCALING_BLOCK_2D) {
+    fail(TE_ERROR_NOT_IMPLEMENTED, concat(arg, " scaling_mode ",
+                                          t.scaling_mode == TE_SCALING_BLOCK_1D ? "1x128" : "128x128",
+                                          " block scaling is not implemented yet"));
+  }
+  OPENTE_CHECK_ARG(t.scaling_mode == TE_SCALING_PER_TENSOR, arg, " scaling_mode must be per-tensor (1), got ",
+                   t.scaling_mode);
+}
+
 }  // namespace opente

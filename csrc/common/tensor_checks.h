@@ -35,6 +35,8 @@ void check_same_device(const te_device& a, const char* a_name, const te_device& 
 void check_dtype(const te_tensor& t, const char* arg, bool ok, const char* what);
 // A pointer the op needs: non-null (data pointers only when the tensor has elements).
 void check_pointer(const void* p, const char* arg, const char* field);
+// A quantized tensor with one scale: block scaling modes raise TE_ERROR_NOT_IMPLEMENTED.
+void check_per_tensor_scaling(const te_tensor& t, const char* arg);
 
 [[noreturn]] void fail_without_cuda(const char* arg);
 

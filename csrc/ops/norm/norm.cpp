@@ -14,17 +14,6 @@ namespace {
 
 constexpr const char* kFloatDtypes = "float32, float16 or bfloat16";
 
-// The same rule as te_quantize's output (quantize.cpp).
-void check_per_tensor_scaling(const te_tensor& t, const char* arg) {
-  if (t.scaling_mode == TE_SCALING_BLOCK_1D || t.scaling_mode == TE_SCALING_BLOCK_2D) {
-    fail(TE_ERROR_NOT_IMPLEMENTED, concat(arg, " scaling_mode ",
-                                          t.scaling_mode == TE_SCALING_BLOCK_1D ? "1x128" : "128x128",
-                                          " block scaling is not implemented yet"));
-  }
-  OPENTE_CHECK_ARG(t.scaling_mode == TE_SCALING_PER_TENSOR, arg,
-                   " scaling_mode must be per-tensor (1), got ", t.scaling_mode);
-}
-
 // The [rows, hidden] a norm input is seen as: at least one dim, hidden >= 1.
 MatrixShape checked_norm_matrix(const te_tensor& t, const char* arg) {
   OPENTE_CHECK_ARG(t.ndim >= 1, arg, " must have at least one dimension (normalized over the last), got a scalar");

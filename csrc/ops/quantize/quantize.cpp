@@ -13,16 +13,6 @@ namespace {
 constexpr const char* kFloatDtypes = "float32, float16 or bfloat16";
 constexpr const char* kFp8Dtypes = "float8_e4m3 or float8_e5m2";
 
-void check_per_tensor_scaling(const te_tensor& t, const char* arg) {
-  if (t.scaling_mode == TE_SCALING_BLOCK_1D || t.scaling_mode == TE_SCALING_BLOCK_2D) {
-    fail(TE_ERROR_NOT_IMPLEMENTED, concat(arg, " scaling_mode ",
-                                          t.scaling_mode == TE_SCALING_BLOCK_1D ? "1x128" : "128x128",
-                                          " block scaling is not implemented yet"));
-  }
-  OPENTE_CHECK_ARG(t.scaling_mode == TE_SCALING_PER_TENSOR, arg,
-                   " scaling_mode must be per-tensor (1), got ", t.scaling_mode);
-}
-
 }  // namespace
 
 extern "C" te_status te_quantize(const te_tensor* input_desc, const te_tensor* output_desc, [[maybe_unused]] void* stream) {

@@ -1,0 +1,48 @@
+"""Timing shared by the benchmarks: CUDA events around each call, with every
+call queued before the host waits, so the GPU never idles between calls and the
+events time the kernels rather than the host's launch latency."""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+
+def event_times_us(fn, iters: int) -> list[float]:
+    """Times of `iters` calls of `fn`, in microseconds."""
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) * 1e3 for start, end in events]
+
+
+def time_us(fn, iters: int, warmup: int = 5) -> float:
+    """Median time of one call in microseconds."""
+    for _ in range(warmup):
+        fn()
+    return statistics.median(event_times_us(fn, iters))
+
+
+def time_pair_us(ours, theirs, iters: int, rounds: int = 5, warmup: int = 5) -> tuple[float, float]:
+    """Median times of two functions, measured in alternating rounds so that clock
+    and temperature drift during the run affect both alike (timing all of one and
+    then all of the other moved single GEMM shapes by up to 5% either way, H200)."""
+    for _ in range(warmup):
+        ours()
+        theirs()
+    ours_times, their_times = [], []
+    for _ in range(rounds):
+        ours_times += event_times_us(ours, max(1, iters // rounds))
+        their_times += event_times_us(theirs, max(1, iters // rounds))
+    return statistics.median(ours_times), statistics.median(their_times)
+
+
+def copy_bandwidth(nbytes: int, iters: int) -> float:
+    """Device-to-device copy of `nbytes`: bytes read + written per second."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    return 2 * nbytes / (time_us(lambda: dst.copy_(src), iters) * 1e-6)
