@@ -8,9 +8,10 @@
 // a last kernel adds those partials in order and writes dgamma and dbeta. The
 // fixed partition (norm_row_blocks) keeps the result independent of the GPU.
 //
-// First version, correctness first: element-wise accesses, and the FP8
-// column-wise output is written byte by byte. Vectorizing and a tiled
-// norm+cast+transpose are the next steps (benchmarks/RESULTS.md).
+// The forward reads and writes rows in 8-element vectors when the hidden size
+// and alignment allow; the backward is still element-wise, and the FP8
+// column-wise output is written byte by byte. Vectorizing the backward and a
+// tiled norm+cast+transpose are the next steps (benchmarks/RESULTS.md).
 #include <algorithm>
 
 #include "common/cuda_elements.cuh"
@@ -87,7 +88,56 @@ __device__ __forceinline__ void store_output(void* base, int64_t i, float y) {
   }
 }
 
-template <class In, te_dtype Out>
+// kW consecutive elements (kW = 8: one 16-byte load of 16-bit inputs, two of
+// fp32; kW = 1: the general path for any hidden size or alignment).
+template <int kW, class In>
+__device__ __forceinline__ void load_values(const In* x, int64_t c, float (&v)[kW]) {
+  if constexpr (kW == 8) {
+    const Vec8<In> vec = *reinterpret_cast<const Vec8<In>*>(x + c);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = to_float(vec.v[i]);
+  } else {
+    v[0] = to_float(x[c]);
+  }
+}
+
+template <int kW>
+__device__ __forceinline__ void cache_store(float* cache, int64_t c, const float (&v)[kW]) {
+#pragma unroll
+  for (int i = 0; i < kW; ++i) cache[c + i] = v[i];
+}
+
+template <int kW>
+__device__ __forceinline__ void cache_load(const float* cache, int64_t c, float (&v)[kW]) {
+#pragma unroll
+  for (int i = 0; i < kW; ++i) v[i] = cache[c + i];
+}
+
+// y[0..kW) to output elements [i, i + kW): one vector store when kW = 8.
+template <int kW, te_dtype Out>
+__device__ __forceinline__ void store_outputs(void* base, int64_t i, const float (&y)[kW]) {
+  if constexpr (kW == 8 && (Out == TE_DTYPE_FLOAT8_E4M3 || Out == TE_DTYPE_FLOAT8_E5M2)) {
+    uint32_t words[2];
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+      words[w] = uint32_t(float2_to_fp8x2<Out>(y[4 * w], y[4 * w + 1])) |
+                 (uint32_t(float2_to_fp8x2<Out>(y[4 * w + 2], y[4 * w + 3])) << 16);
+    }
+    *reinterpret_cast<uint2*>(static_cast<uint8_t*>(base) + i) = make_uint2(words[0], words[1]);
+  } else if constexpr (kW == 8) {
+    using T = typename CudaType<Out>::type;
+    Vec8<T> vec;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) vec.v[k] = from_float<T>(y[k]);
+    *reinterpret_cast<Vec8<T>*>(static_cast<T*>(base) + i) = vec;
+  } else {
+    store_output<Out>(base, i, y[0]);
+  }
+}
+
+// kW = 8 needs hidden % 8 == 0, the input 16-byte and the row-wise output
+// 16-byte (8-byte for FP8) aligned.
+template <class In, te_dtype Out, int kW>
 __global__ void __launch_bounds__(kThreads) norm_fwd_kernel(NormFwdParams p, bool cache_row) {
   extern __shared__ float row_cache[];  // [hidden] when cache_row
   constexpr bool kFp8 = Out == TE_DTYPE_FLOAT8_E4M3 || Out == TE_DTYPE_FLOAT8_E5M2;
@@ -98,33 +148,49 @@ __global__ void __launch_bounds__(kThreads) norm_fwd_kernel(NormFwdParams p, boo
   float local_amax = 0.0f;
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
     const In* x = static_cast<const In*>(p.input) + r * hidden;  // [hidden]
-    auto value = [&](int64_t c) { return cache_row ? row_cache[c] : to_float(x[c]); };
+    // each thread reads back only the columns it cached itself: no barrier needed
+    auto values = [&](int64_t c, float (&v)[kW]) {
+      if (cache_row) {
+        cache_load<kW>(row_cache, c, v);
+      } else {
+        load_values<kW>(x, c, v);
+      }
+    };
     float sum = 0.0f;
-    for (int64_t c = threadIdx.x; c < hidden; c += kThreads) {
-      const float v = to_float(x[c]);
-      if (cache_row) row_cache[c] = v;  // each thread reads back only its own columns
-      sum += v;
+    for (int64_t c = int64_t(threadIdx.x) * kW; c < hidden; c += int64_t(kThreads) * kW) {
+      float v[kW];
+      load_values<kW>(x, c, v);
+      if (cache_row) cache_store<kW>(row_cache, c, v);
+#pragma unroll
+      for (int i = 0; i < kW; ++i) sum += v[i];
     }
     const float mu = layernorm ? block_sum(sum) / float(hidden) : 0.0f;
     float sum_sq = 0.0f;
-    for (int64_t c = threadIdx.x; c < hidden; c += kThreads) {
-      const float d = value(c) - mu;
-      sum_sq += d * d;
+    for (int64_t c = int64_t(threadIdx.x) * kW; c < hidden; c += int64_t(kThreads) * kW) {
+      float v[kW];
+      values(c, v);
+#pragma unroll
+      for (int i = 0; i < kW; ++i) sum_sq += (v[i] - mu) * (v[i] - mu);
     }
     const float rsigma = 1.0f / sqrtf(block_sum(sum_sq) / float(hidden) + p.eps);
     if (threadIdx.x == 0) {
       if (layernorm) p.mu[r] = mu;
       p.rsigma[r] = rsigma;
     }
-    for (int64_t c = threadIdx.x; c < hidden; c += kThreads) {
-      float y = (value(c) - mu) * rsigma * (load_param(p.gamma, c, p.w_dtype) + gamma_shift);
-      if (layernorm) y += load_param(p.beta, c, p.w_dtype);
-      if constexpr (kFp8) {
-        local_amax = fmaxf(local_amax, fabsf(y));
-        y *= scale;
+    for (int64_t c = int64_t(threadIdx.x) * kW; c < hidden; c += int64_t(kThreads) * kW) {
+      float y[kW];
+      values(c, y);
+#pragma unroll
+      for (int i = 0; i < kW; ++i) {
+        y[i] = (y[i] - mu) * rsigma * (load_param(p.gamma, c + i, p.w_dtype) + gamma_shift);
+        if (layernorm) y[i] += load_param(p.beta, c + i, p.w_dtype);
+        if constexpr (kFp8) {
+          local_amax = fmaxf(local_amax, fabsf(y[i]));
+          y[i] *= scale;
+        }
+        if (p.output_t) store_output<Out>(p.output_t, (c + i) * p.rows + r, y[i]);
       }
-      if (p.output) store_output<Out>(p.output, r * hidden + c, y);
-      if (p.output_t) store_output<Out>(p.output_t, c * p.rows + r, y);
+      if (p.output) store_outputs<kW, Out>(p.output, r * hidden + c, y);
     }
   }
   if constexpr (kFp8) {
@@ -217,12 +283,22 @@ void norm_fwd_cuda(const NormFwdParams& p, int device, void* /*workspace*/, size
     kernel<<<grid, kThreads, smem, s>>>(p, cache_row);
     check_launch("norm_fwd_kernel");
   };
-  dispatch_float_dtype(p.in_dtype, [&](auto in_tag) {
+  const bool vectorized = p.hidden % 8 == 0 && is_aligned(p.input, 16) &&
+                          is_aligned(p.output, is_fp8(p.out_dtype) ? 8 : 16);
+  auto launch_for = [&](auto in_tag, auto out_tag) {
     using In = typename CudaType<decltype(in_tag)::value>::type;
-    if (is_fp8(p.out_dtype)) {
-      dispatch_fp8_dtype(p.out_dtype, [&](auto out_tag) { launch(norm_fwd_kernel<In, decltype(out_tag)::value>); });
+    constexpr te_dtype kOut = decltype(out_tag)::value;
+    if (vectorized) {
+      launch(norm_fwd_kernel<In, kOut, 8>);
     } else {
-      dispatch_float_dtype(p.out_dtype, [&](auto out_tag) { launch(norm_fwd_kernel<In, decltype(out_tag)::value>); });
+      launch(norm_fwd_kernel<In, kOut, 1>);
+    }
+  };
+  dispatch_float_dtype(p.in_dtype, [&](auto in_tag) {
+    if (is_fp8(p.out_dtype)) {
+      dispatch_fp8_dtype(p.out_dtype, [&](auto out_tag) { launch_for(in_tag, out_tag); });
+    } else {
+      dispatch_float_dtype(p.out_dtype, [&](auto out_tag) { launch_for(in_tag, out_tag); });
     }
   });
 }
