@@ -111,6 +111,18 @@ NB_MODULE(_core, m) {
       .value("DGELU_BGRAD", TE_GEMM_EPILOGUE_DGELU_BGRAD)
       .value("BGRAD", TE_GEMM_EPILOGUE_BGRAD);
 
+  nb::enum_<te_activation>(m, "Activation", nb::is_arithmetic(), "Activation kinds (see opente/activation.h)")
+      .value("GELU", TE_ACTIVATION_GELU)
+      .value("QGELU", TE_ACTIVATION_QGELU)
+      .value("RELU", TE_ACTIVATION_RELU)
+      .value("SRELU", TE_ACTIVATION_SRELU)
+      .value("SILU", TE_ACTIVATION_SILU)
+      .value("GEGLU", TE_ACTIVATION_GEGLU)
+      .value("QGEGLU", TE_ACTIVATION_QGEGLU)
+      .value("REGLU", TE_ACTIVATION_REGLU)
+      .value("SREGLU", TE_ACTIVATION_SREGLU)
+      .value("SWIGLU", TE_ACTIVATION_SWIGLU);
+
   nb::class_<te_tensor>(m, "Tensor", "A non-owning tensor descriptor (te_tensor): pointers are integers")
       .def(
           "__init__",
@@ -255,6 +267,21 @@ NB_MODULE(_core, m) {
       },
       nb::arg("dz"), nb::arg("x"), nb::arg("rsigma"), nb::arg("gamma"), nb::arg("zero_centered_gamma"), nb::arg("dx"),
       nb::arg("dgamma"), nb::arg("workspace") = 0, nb::arg("workspace_size") = 0, nb::arg("stream") = 0);
+
+  // Activations (see opente/activation.h): output float or FP8; gated kinds halve the last dim.
+  m.def(
+      "activation_fwd",
+      [](int32_t kind, const te_tensor& input, const te_tensor& output, uintptr_t stream) {
+        call_core([&] { return te_activation_fwd(kind, &input, &output, as_ptr<void>(stream)); });
+      },
+      nb::arg("kind"), nb::arg("input"), nb::arg("output"), nb::arg("stream") = 0);
+
+  m.def(
+      "activation_bwd",
+      [](int32_t kind, const te_tensor& grad, const te_tensor& input, const te_tensor& dinput, uintptr_t stream) {
+        call_core([&] { return te_activation_bwd(kind, &grad, &input, &dinput, as_ptr<void>(stream)); });
+      },
+      nb::arg("kind"), nb::arg("grad"), nb::arg("input"), nb::arg("dinput"), nb::arg("stream") = 0);
 
   // groups: (amax_history, scale, scale_inv, history_len, num_scales) per group, pointers as integers.
   m.def(

@@ -2,6 +2,7 @@
 #ifndef OPENTE_OPENTE_H_
 #define OPENTE_OPENTE_H_
 
+#include "opente/activation.h"
 #include "opente/gemm.h"
 #include "opente/norm.h"
 #include "opente/quantize.h"
