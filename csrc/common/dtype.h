@@ -47,4 +47,11 @@ decltype(auto) dispatch_fp8_dtype(int32_t dtype, F&& f) {
   }
 }
 
+// Calls f(DTypeTag<d>{}) for any float dtype d: fp32, fp16, bf16 or FP8.
+template <class F>
+decltype(auto) dispatch_any_float_dtype(int32_t dtype, F&& f) {
+  if (is_fp8(dtype)) return dispatch_fp8_dtype(dtype, f);
+  return dispatch_float_dtype(dtype, f);
+}
+
 }  // namespace opente

@@ -9,16 +9,6 @@ namespace opente {
 
 namespace {
 
-// Calls f(DTypeTag<d>{}) for an output dtype: a float dtype or an FP8 one.
-template <class F>
-void dispatch_output_dtype(te_dtype dtype, F&& f) {
-  if (is_fp8(dtype)) {
-    dispatch_fp8_dtype(dtype, f);
-  } else {
-    dispatch_float_dtype(dtype, f);
-  }
-}
-
 template <te_dtype kIn, te_dtype kOut>
 void activation_fwd_typed(const ActivationFwdParams& p) {
   constexpr bool kFp8 = kOut == TE_DTYPE_FLOAT8_E4M3 || kOut == TE_DTYPE_FLOAT8_E5M2;
@@ -71,7 +61,7 @@ void activation_bwd_typed(const ActivationBwdParams& p) {
 
 void activation_fwd_cpu(const ActivationFwdParams& p) {
   dispatch_float_dtype(p.in_dtype, [&](auto in_tag) {
-    dispatch_output_dtype(p.out_dtype, [&](auto out_tag) {
+    dispatch_any_float_dtype(p.out_dtype, [&](auto out_tag) {
       activation_fwd_typed<decltype(in_tag)::value, decltype(out_tag)::value>(p);
     });
   });

@@ -26,16 +26,6 @@ namespace opente {
 
 namespace {
 
-// Calls f(DTypeTag<d>{}) for any float dtype d, FP8 included.
-template <class F>
-void dispatch_any_float_dtype(te_dtype dtype, F&& f) {
-  if (is_fp8(dtype)) {
-    dispatch_fp8_dtype(dtype, f);
-  } else {
-    dispatch_float_dtype(dtype, f);
-  }
-}
-
 // out[0, count) = base[offset, offset + count) as fp32.
 void load_span(const void* base, te_dtype dtype, int64_t offset, int64_t count, float* out) {
   dispatch_any_float_dtype(dtype, [&](auto tag) {

@@ -12,16 +12,6 @@ namespace opente {
 
 namespace {
 
-// Calls f(DTypeTag<d>{}) for an output dtype: a float dtype or an FP8 one.
-template <class F>
-void dispatch_output_dtype(te_dtype dtype, F&& f) {
-  if (is_fp8(dtype)) {
-    dispatch_fp8_dtype(dtype, f);
-  } else {
-    dispatch_float_dtype(dtype, f);
-  }
-}
-
 // g = gamma (+ 1 when zero-centered), as fp32.
 template <te_dtype kW>
 std::vector<float> effective_gamma(const void* gamma, int64_t hidden, bool zero_centered) {
@@ -115,7 +105,7 @@ void norm_bwd_typed(const NormBwdParams& p) {
 void norm_fwd_cpu(const NormFwdParams& p) {
   dispatch_float_dtype(p.in_dtype, [&](auto in_tag) {
     dispatch_float_dtype(p.w_dtype, [&](auto w_tag) {
-      dispatch_output_dtype(p.out_dtype, [&](auto out_tag) {
+      dispatch_any_float_dtype(p.out_dtype, [&](auto out_tag) {
         norm_fwd_typed<decltype(in_tag)::value, decltype(w_tag)::value, decltype(out_tag)::value>(p);
       });
     });
