@@ -15,38 +15,17 @@
 #include <tuple>
 #include <vector>
 
+#include "binding/binding_util.h"
 #include "opente/opente.h"
 
 namespace nb = nanobind;
+using opente_binding::as_ptr;
+using opente_binding::call_core;
+
+// Op families bound in their own files (csrc/binding/*_binding.cpp).
+void bind_softmax(nb::module_& m);
 
 namespace {
-
-void raise_on_error(te_status status) {
-  if (status == TE_SUCCESS) return;
-  const std::string message = te_last_error_message();
-  PyObject* type = status == TE_ERROR_INVALID_ARGUMENT  ? PyExc_ValueError
-                   : status == TE_ERROR_NOT_IMPLEMENTED ? PyExc_NotImplementedError
-                                                        : PyExc_RuntimeError;
-  PyErr_SetString(type, message.c_str());
-  throw nb::python_error();
-}
-
-// Runs a core call without the GIL (CPU ops on large tensors take a while),
-// then raises its error, if any, with the GIL held again.
-template <class Call>
-void call_core(Call&& call) {
-  te_status status;
-  {
-    nb::gil_scoped_release release;
-    status = call();
-  }
-  raise_on_error(status);
-}
-
-template <class T>
-T* as_ptr(uintptr_t address) {
-  return reinterpret_cast<T*>(address);
-}
 
 te_tensor make_tensor(int32_t device_type, int32_t device_index, int32_t dtype, const std::vector<int64_t>& shape,
                       uintptr_t data, uintptr_t columnwise_data, uintptr_t scale, uintptr_t scale_inv,
@@ -303,4 +282,6 @@ NB_MODULE(_core, m) {
       },
       nb::arg("groups"), nb::arg("amax_compute_algo"), nb::arg("fp8_dtype"), nb::arg("margin"),
       nb::arg("device_type"), nb::arg("device_index"), nb::arg("stream") = 0);
+
+  bind_softmax(m);
 }
