@@ -1,0 +1,394 @@
+"""The FP8 state of a training step: fp8_autocast, fp8_model_init, and the delayed-scaling
+bookkeeping (Transformer Engine 2.x's ``FP8GlobalStateManager``).
+
+How delayed scaling runs, as in Transformer Engine:
+
+* Every FP8 module owns a ``DelayedScalingState`` per direction (forward: its inputs and
+  weights; backward: its output gradients): an amax history [history_len, n] whose row 0
+  the casts of the current step raise, and the scales [n] those casts use.
+* A module's forward registers its forward state with the manager. When the outermost
+  ``fp8_autocast`` exits, the manager updates every registered forward state at once:
+  the current amaxes are all-reduced (max) over ``fp8_group`` when the recipe says
+  ``reduce_amax``, the scales are recomputed from the histories, and the histories roll.
+* The backward states register during the backward pass; the backward of the first FP8
+  module of the autocast (the last backward to run) updates them the same way.
+
+Every update runs on the device (one fused core launch per device and FP8 format, plus
+one all-reduce when reducing): nothing here makes the host wait for the GPU.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling, Format, Recipe
+from transformer_engine.pytorch.cpp_extensions import DType
+from transformer_engine.pytorch.cpp_extensions.recipe import delayed_scaling_update
+
+__all__ = [
+    "FP8GlobalStateManager",
+    "DelayedScalingState",
+    "check_fp8_support",
+    "is_fp8_available",
+    "get_default_fp8_recipe",
+    "get_fp8_te_dtype",
+    "get_fp8_max",
+    "fp8_autocast",
+    "autocast",
+    "fp8_model_init",
+]
+
+
+def check_fp8_support() -> Tuple[bool, str]:
+    """Whether FP8 can run here, and why not. A CUDA GPU needs compute capability 8.9 or
+    newer (Ada, Hopper) for FP8 GEMMs; without a GPU, OpenTE emulates FP8 on the CPU."""
+    if not torch.cuda.is_available():
+        return True, ""
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) >= (8, 9):
+        return True, ""
+    return False, f"FP8 needs compute capability 8.9 or newer; this GPU has {major}.{minor}"
+
+
+def is_fp8_available(return_reason: bool = False):
+    """``check_fp8_support()``'s answer (with its reason when ``return_reason``)."""
+    available, reason = check_fp8_support()
+    return (available, reason) if return_reason else available
+
+
+def get_default_fp8_recipe() -> Recipe:
+    """The recipe fp8_autocast uses when given none (Transformer Engine's on Hopper)."""
+    return DelayedScaling()
+
+
+def get_fp8_te_dtype(recipe: Recipe, fprop_tensor: bool = True) -> DType:
+    """The FP8 format of forward (``fprop_tensor``) or backward tensors under ``recipe``."""
+    if recipe.fp8_format == Format.E4M3 or (recipe.fp8_format == Format.HYBRID and fprop_tensor):
+        return DType.kFloat8E4M3
+    return DType.kFloat8E5M2
+
+
+def get_fp8_max(recipe: Recipe, fprop_tensor: bool = True) -> float:
+    """The largest finite value of that format."""
+    helper = recipe.fp8_format.value
+    return helper.max_fwd if fprop_tensor else helper.max_bwd
+
+
+class DelayedScalingState:
+    """The delayed-scaling metadata of n FP8 tensors of one module in one direction.
+
+    ``amax_history`` float32 [history_len, n], row 0 the current step (the casts raise it);
+    ``scale`` / ``scale_inv`` float32 [n], the scales the next casts use (start at 1).
+    """
+
+    def __init__(self, num_tensors: int, recipe: DelayedScaling, forward: bool, device):
+        self.forward = forward
+        self.recipe = recipe
+        self.fp8_dtype = get_fp8_te_dtype(recipe, forward)
+        self.amax_history = torch.zeros(recipe.amax_history_len, num_tensors, dtype=torch.float32, device=device)
+        self.scale = torch.ones(num_tensors, dtype=torch.float32, device=device)
+        self.scale_inv = torch.ones(num_tensors, dtype=torch.float32, device=device)
+
+    @property
+    def num_tensors(self) -> int:
+        return self.scale.numel()
+
+    def current_amax(self, index: int) -> torch.Tensor:
+        """The [1] view of tensor ``index``'s amax for this step (what its cast raises)."""
+        return self.amax_history[0, index:index + 1]
+
+    def matches(self, recipe: DelayedScaling) -> bool:
+        """Whether this state can serve ``recipe`` as is (same history length and format)."""
+        return (self.amax_history.shape[0] == recipe.amax_history_len
+                and self.fp8_dtype == get_fp8_te_dtype(recipe, self.forward))
+
+    def adapt_to(self, recipe: DelayedScaling) -> None:
+        """Follows a recipe change between steps: the history is cut or zero-padded at its
+        old end, the scales are kept."""
+        new_len = recipe.amax_history_len
+        old = self.amax_history
+        if old.shape[0] != new_len:
+            history = torch.zeros(new_len, old.shape[1], dtype=old.dtype, device=old.device)
+            keep = min(new_len, old.shape[0])
+            history[:keep] = old[:keep]
+            self.amax_history = history
+        self.recipe = recipe
+        self.fp8_dtype = get_fp8_te_dtype(recipe, self.forward)
+
+    def state_tensors(self) -> Dict[str, torch.Tensor]:
+        return {"amax_history": self.amax_history, "scale": self.scale, "scale_inv": self.scale_inv}
+
+    def load_state_tensors(self, tensors: Dict[str, torch.Tensor]) -> None:
+        self.amax_history = tensors["amax_history"].to(self.scale.device, torch.float32).clone()
+        self.scale.copy_(tensors["scale"])
+        self.scale_inv.copy_(tensors["scale_inv"])
+
+
+def _reduce_current_amaxes(states: List[DelayedScalingState], group) -> None:
+    """All-reduces (max) row 0 of every history over ``group`` with one collective."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    if torch.distributed.get_world_size(group) <= 1:
+        return
+    flat = torch.cat([s.amax_history[0] for s in states])
+    torch.distributed.all_reduce(flat, op=torch.distributed.ReduceOp.MAX, group=group)
+    offset = 0
+    for s in states:
+        n = s.num_tensors
+        s.amax_history[0].copy_(flat[offset:offset + n])
+        offset += n
+
+
+def _update_with_callables(state: DelayedScalingState, recipe: DelayedScaling) -> None:
+    """The recipe's own amax / scale functions, in torch ops (still on the device)."""
+    history = state.amax_history
+    algo = recipe.amax_compute_algo
+    if callable(algo):
+        amax = algo(history)
+    elif algo == "max":
+        amax = history.amax(dim=0)
+    else:
+        amax = history[0].clone()
+    fp8_max = get_fp8_max(recipe, state.forward)
+    if recipe.scaling_factor_compute_algo is not None:
+        new_scale = recipe.scaling_factor_compute_algo(amax, state.scale, fp8_max, recipe)
+    else:
+        new_scale = (fp8_max / amax) / (2.0 ** recipe.margin)
+        new_scale = torch.where(new_scale.isinf(), torch.full_like(new_scale, torch.finfo(torch.float32).max),
+                                new_scale)
+        keep = ~(amax > 0) | ~torch.isfinite(amax)
+        new_scale = torch.where(keep, state.scale, new_scale)
+    state.scale.copy_(new_scale)
+    state.scale_inv.copy_(1.0 / state.scale)
+    state.amax_history.copy_(torch.roll(history, -1, dims=0))
+    state.amax_history[0].zero_()
+
+
+def update_delayed_scaling(states: List[DelayedScalingState], recipe: DelayedScaling, group=None) -> None:
+    """One delayed-scaling step for ``states``: reduce (if the recipe says so), recompute
+    the scales from the histories, roll the histories."""
+    if not states:
+        return
+    if recipe.reduce_amax:
+        _reduce_current_amaxes(states, group)
+    if callable(recipe.amax_compute_algo) or recipe.scaling_factor_compute_algo is not None:
+        for s in states:
+            _update_with_callables(s, recipe)
+        return
+    # One fused launch per (device, format).
+    batches: Dict[Tuple[torch.device, DType], List[DelayedScalingState]] = {}
+    for s in states:
+        batches.setdefault((s.scale.device, s.fp8_dtype), []).append(s)
+    for (_, fp8_dtype), batch in batches.items():
+        delayed_scaling_update([s.amax_history for s in batch], [s.scale for s in batch],
+                               [s.scale_inv for s in batch], fp8_dtype, margin=float(recipe.margin),
+                               amax_compute_algo=recipe.amax_compute_algo)
+
+
+class FP8GlobalStateManager:
+    """Process-wide FP8 state: whether FP8 is on, with which recipe and group, and the
+    delayed-scaling states waiting for their update. Class-level, as in Transformer Engine."""
+
+    FP8_ENABLED = False
+    FP8_CALIBRATION = False
+    FP8_RECIPE: Optional[Recipe] = None
+    FP8_DISTRIBUTED_GROUP = None
+    FP8_PARAMETERS = False
+    FP8_MODEL_INIT_RECIPE: Optional[Recipe] = None
+    HIGH_PRECISION_INIT_VAL = False
+    IS_FIRST_FP8_MODULE = False
+    FP8_GRAPH_CAPTURING = False
+    FP8_AUTOCAST_DEPTH = 0
+    AUTOCAST_ID = 0  # counts outermost autocast entries, so modules can tell steps apart
+    _forward_states: Dict[int, DelayedScalingState] = {}
+    _backward_states: Dict[int, DelayedScalingState] = {}
+    _forward_recipe: Optional[DelayedScaling] = None
+    _forward_group = None
+
+    @classmethod
+    def reset(cls) -> None:
+        """Back to the state of a fresh process (tests use this)."""
+        cls.FP8_ENABLED = False
+        cls.FP8_CALIBRATION = False
+        cls.FP8_RECIPE = None
+        cls.FP8_DISTRIBUTED_GROUP = None
+        cls.FP8_PARAMETERS = False
+        cls.FP8_MODEL_INIT_RECIPE = None
+        cls.HIGH_PRECISION_INIT_VAL = False
+        cls.IS_FIRST_FP8_MODULE = False
+        cls.FP8_GRAPH_CAPTURING = False
+        cls.FP8_AUTOCAST_DEPTH = 0
+        cls._forward_states = {}
+        cls._backward_states = {}
+        cls._forward_recipe = None
+        cls._forward_group = None
+
+    # ---- queries ----
+    @classmethod
+    def is_fp8_available(cls) -> Tuple[bool, str]:
+        return check_fp8_support()
+
+    @classmethod
+    def is_fp8_enabled(cls) -> bool:
+        return cls.FP8_ENABLED
+
+    @classmethod
+    def is_fp8_calibration(cls) -> bool:
+        return cls.FP8_CALIBRATION
+
+    @classmethod
+    def with_fp8_parameters(cls) -> bool:
+        return cls.FP8_PARAMETERS
+
+    @classmethod
+    def with_high_precision_init_val(cls) -> bool:
+        return cls.HIGH_PRECISION_INIT_VAL
+
+    @classmethod
+    def get_fp8_recipe(cls) -> Recipe:
+        """The recipe of the current autocast (the default recipe outside one)."""
+        return cls.FP8_RECIPE if cls.FP8_RECIPE is not None else get_default_fp8_recipe()
+
+    @classmethod
+    def get_fp8_group(cls):
+        return cls.FP8_DISTRIBUTED_GROUP
+
+    @classmethod
+    def fp8_graph_capturing(cls) -> bool:
+        return cls.FP8_GRAPH_CAPTURING
+
+    @classmethod
+    def is_first_fp8_module(cls) -> bool:
+        """True for the first FP8 module to run forward in the outermost autocast (and only
+        for it: asking clears the flag). Its backward runs last and updates the backward
+        scales."""
+        first = cls.IS_FIRST_FP8_MODULE
+        cls.IS_FIRST_FP8_MODULE = False
+        return first
+
+    @classmethod
+    def get_fp8_autocast_state(cls) -> tuple:
+        return (cls.FP8_ENABLED, cls.FP8_CALIBRATION, cls.FP8_RECIPE, cls.FP8_DISTRIBUTED_GROUP,
+                cls.IS_FIRST_FP8_MODULE, cls.FP8_GRAPH_CAPTURING)
+
+    @classmethod
+    def set_fp8_autocast_state(cls, state: tuple) -> None:
+        (cls.FP8_ENABLED, cls.FP8_CALIBRATION, cls.FP8_RECIPE, cls.FP8_DISTRIBUTED_GROUP,
+         cls.IS_FIRST_FP8_MODULE, cls.FP8_GRAPH_CAPTURING) = state
+
+    # ---- autocast ----
+    @classmethod
+    def fp8_autocast_enter(cls, enabled: bool = False, calibrating: bool = False,
+                           fp8_recipe: Optional[Recipe] = None, fp8_group=None, _graph: bool = False) -> None:
+        recipe = get_default_fp8_recipe() if fp8_recipe is None else fp8_recipe
+        if enabled or calibrating:
+            check_recipe_supported(recipe)
+        if enabled:
+            available, reason = check_fp8_support()
+            if not available:
+                raise RuntimeError(f"fp8_autocast(enabled=True): {reason}")
+        if cls.FP8_AUTOCAST_DEPTH == 0:
+            cls.IS_FIRST_FP8_MODULE = enabled
+            cls.AUTOCAST_ID += 1
+        cls.FP8_ENABLED = enabled
+        cls.FP8_CALIBRATION = calibrating
+        cls.FP8_RECIPE = recipe
+        cls.FP8_DISTRIBUTED_GROUP = fp8_group
+        cls.FP8_GRAPH_CAPTURING = _graph
+        cls.FP8_AUTOCAST_DEPTH += 1
+
+    @classmethod
+    def fp8_autocast_exit(cls, enabled: bool, _graph: bool = False) -> None:
+        cls.FP8_AUTOCAST_DEPTH -= 1
+        if cls.FP8_AUTOCAST_DEPTH == 0:
+            cls.reduce_and_update_fp8_tensors(forward=True)
+
+    # ---- delayed scaling ----
+    @classmethod
+    def add_forward_state(cls, state: DelayedScalingState) -> None:
+        """Registers a forward state for the update at the outermost autocast exit."""
+        cls._forward_states[id(state)] = state
+        cls._forward_recipe = cls.FP8_RECIPE
+        cls._forward_group = cls.FP8_DISTRIBUTED_GROUP
+
+    @classmethod
+    def add_backward_state(cls, state: DelayedScalingState) -> None:
+        """Registers a backward state for the update at the end of the backward pass."""
+        cls._backward_states[id(state)] = state
+
+    @classmethod
+    def reduce_and_update_fp8_tensors(cls, forward: bool = True, recipe: Optional[DelayedScaling] = None,
+                                      group=None) -> None:
+        """Updates the registered states of one direction (see the module docstring)."""
+        if forward:
+            states, cls._forward_states = list(cls._forward_states.values()), {}
+            recipe = recipe or cls._forward_recipe
+            group = group if group is not None else cls._forward_group
+        else:
+            states, cls._backward_states = list(cls._backward_states.values()), {}
+        if not states:
+            return
+        recipe = recipe or states[0].recipe
+        update_delayed_scaling(states, recipe, group)
+
+
+def check_recipe_supported(recipe) -> None:
+    """The recipes OpenTE carries out: DelayedScaling and Float8CurrentScaling."""
+    if isinstance(recipe, (DelayedScaling, Float8CurrentScaling)):
+        return
+    if isinstance(recipe, Recipe):
+        raise NotImplementedError(
+            f"fp8_recipe {type(recipe).__name__} is not implemented in OpenTE (DelayedScaling and "
+            "Float8CurrentScaling are); block-scaled recipes need Blackwell-style scaling modes")
+    raise TypeError(f"fp8_recipe must be a transformer_engine.common.recipe.Recipe, got {type(recipe).__name__}")
+
+
+@contextmanager
+def fp8_autocast(enabled: bool = True, calibrating: bool = False, fp8_recipe: Optional[Recipe] = None,
+                 fp8_group=None, _graph: bool = False):
+    """Runs the Transformer Engine modules inside in FP8 (``enabled``) with ``fp8_recipe``
+    (DelayedScaling() when None). ``calibrating`` records amaxes and updates scales while
+    computing in high precision. ``fp8_group``: the process group over which amaxes are
+    all-reduced (DelayedScaling with reduce_amax). Nests; the delayed-scaling forward
+    update happens when the outermost one exits."""
+    state = FP8GlobalStateManager.get_fp8_autocast_state()
+    FP8GlobalStateManager.fp8_autocast_enter(enabled=enabled, calibrating=calibrating, fp8_recipe=fp8_recipe,
+                                             fp8_group=fp8_group, _graph=_graph)
+    try:
+        yield
+    finally:
+        FP8GlobalStateManager.set_fp8_autocast_state(state)
+        FP8GlobalStateManager.fp8_autocast_exit(enabled, _graph=_graph)
+
+
+@contextmanager
+def autocast(enabled: bool = True, calibrating: bool = False, recipe: Optional[Recipe] = None,
+             amax_reduction_group=None, _graph: bool = False):
+    """Transformer Engine's newer name for fp8_autocast (``recipe``, ``amax_reduction_group``)."""
+    with fp8_autocast(enabled=enabled, calibrating=calibrating, fp8_recipe=recipe,
+                      fp8_group=amax_reduction_group, _graph=_graph):
+        yield
+
+
+@contextmanager
+def fp8_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
+                   preserve_high_precision_init_val: bool = False):
+    """Modules created inside keep their weights only in FP8 (as Float8Tensor parameters),
+    which saves the high-precision copy's memory. ``preserve_high_precision_init_val``
+    keeps the initial high-precision values on the CPU (``param.get_high_precision_init_val()``,
+    ``param.clear_high_precision_init_val()``), e.g. to seed an optimizer's master weights."""
+    if enabled:
+        check_recipe_supported(get_default_fp8_recipe() if recipe is None else recipe)
+    saved = (FP8GlobalStateManager.FP8_PARAMETERS, FP8GlobalStateManager.FP8_MODEL_INIT_RECIPE,
+             FP8GlobalStateManager.HIGH_PRECISION_INIT_VAL)
+    FP8GlobalStateManager.FP8_PARAMETERS = enabled
+    FP8GlobalStateManager.FP8_MODEL_INIT_RECIPE = recipe
+    FP8GlobalStateManager.HIGH_PRECISION_INIT_VAL = preserve_high_precision_init_val
+    try:
+        yield
+    finally:
+        (FP8GlobalStateManager.FP8_PARAMETERS, FP8GlobalStateManager.FP8_MODEL_INIT_RECIPE,
+         FP8GlobalStateManager.HIGH_PRECISION_INIT_VAL) = saved
