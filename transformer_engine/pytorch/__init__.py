@@ -1,8 +1,9 @@
 """transformer_engine.pytorch: the PyTorch front end.
 
-FP8 state: ``fp8_autocast`` (and its newer name ``autocast``), ``fp8_model_init``; the
-core ops are reachable through ``transformer_engine.pytorch.cpp_extensions``. The
-modules (Linear, LayerNorm, ...) arrive with the rest of the PyTorch front-end work.
+Modules: ``Linear`` (LayerNorm, RMSNorm, LayerNormLinear, LayerNormMLP arrive with the
+rest of the front-end work). FP8 state: ``fp8_autocast`` (and its newer name
+``autocast``), ``fp8_model_init``. The core ops are reachable through
+``transformer_engine.pytorch.cpp_extensions``.
 """
 
 from transformer_engine.pytorch.cpp_extensions import DType
@@ -13,10 +14,12 @@ from transformer_engine.pytorch.fp8 import (
     fp8_model_init,
     is_fp8_available,
 )
+from transformer_engine.pytorch.module import Linear
 
 __all__ = [
     "DType",
     "FP8GlobalStateManager",
+    "Linear",
     "autocast",
     "fp8_autocast",
     "fp8_model_init",

@@ -1,0 +1,257 @@
+"""te.Linear against torch.nn.Linear (fp32, bf16), in FP8 against BF16, and its delayed-
+scaling metadata, state_dict, gradient accumulation and options."""
+
+import io
+
+import pytest
+import torch
+from conftest import requires_cuda
+
+import transformer_engine.pytorch as te
+from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling, Format
+from transformer_engine.pytorch.fp8 import FP8GlobalStateManager
+
+DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
+# Transformer Engine's test_numerics tolerances.
+TOLS = {torch.float32: dict(rtol=1.3e-6, atol=1e-5), torch.bfloat16: dict(rtol=1.6e-2, atol=1e-5)}
+
+
+@pytest.fixture(autouse=True)
+def fresh_fp8_state():
+    FP8GlobalStateManager.reset()
+    yield
+    FP8GlobalStateManager.reset()
+
+
+def twin(te_linear, dtype):
+    """A torch.nn.Linear with te_linear's parameters."""
+    ref = torch.nn.Linear(te_linear.in_features, te_linear.out_features, bias=te_linear.use_bias,
+                          dtype=dtype, device=te_linear.weight.device)
+    with torch.no_grad():
+        ref.weight.copy_(te_linear.weight)
+        if te_linear.use_bias:
+            ref.bias.copy_(te_linear.bias)
+    return ref
+
+
+def run(module, x, grad):
+    x = x.detach().clone().requires_grad_()
+    y = module(x)
+    y.backward(grad)
+    return y, x.grad
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_matches_torch_linear(device, dtype, bias):
+    torch.manual_seed(1)
+    m = te.Linear(96, 48, bias=bias, params_dtype=dtype, device=device)
+    with torch.no_grad():
+        if bias:
+            m.bias.normal_()
+    ref = twin(m, dtype)
+    x = torch.randn(3, 5, 96, dtype=dtype, device=device)
+    g = torch.randn(3, 5, 48, dtype=dtype, device=device)
+    y, dx = run(m, x, g)
+    y_ref, dx_ref = run(ref, x, g)
+    torch.testing.assert_close(y, y_ref, **TOLS[dtype])
+    torch.testing.assert_close(dx, dx_ref, **TOLS[dtype])
+    torch.testing.assert_close(m.weight.grad, ref.weight.grad, **TOLS[dtype])
+    if bias:
+        torch.testing.assert_close(m.bias.grad, ref.bias.grad, **TOLS[dtype])
+
+
+def rel_err(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", [DelayedScaling(amax_history_len=4), Float8CurrentScaling(),
+                                    DelayedScaling(fp8_format=Format.E4M3)], ids=["delayed", "current", "e4m3"])
+def test_fp8_close_to_bf16(device, recipe):
+    # E4M3 keeps 3 mantissa bits (relative rounding error up to 2^-4), E5M2 2 bits (2^-3);
+    # over a dot product of 128 terms the errors average out to a few percent of the
+    # result's norm. 6% (forward, E4M3 operands) and 10% (gradients, one E5M2 operand)
+    # leave room for that and fail for any wrong scale (errors of 100% and more).
+    torch.manual_seed(2)
+    m = te.Linear(128, 64, params_dtype=torch.bfloat16, device=device)
+    ref = twin(m, torch.bfloat16)
+    for _ in range(3):  # later steps use scales from earlier amaxes
+        x = torch.randn(32, 128, dtype=torch.bfloat16, device=device)
+        g = torch.randn(32, 64, dtype=torch.bfloat16, device=device)
+        m.zero_grad()
+        ref.zero_grad()
+        with te.fp8_autocast(fp8_recipe=recipe):
+            y, dx = run(m, x, g)
+        y_ref, dx_ref = run(ref, x, g)
+        assert rel_err(y, y_ref) < 0.06
+        assert rel_err(dx, dx_ref) < 0.10
+        assert rel_err(m.weight.grad, ref.weight.grad) < 0.10
+        torch.testing.assert_close(m.bias.grad, ref.bias.grad, rtol=1.6e-2, atol=1e-2)
+    assert y.dtype == torch.bfloat16 and dx.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_delayed_scaling_scales_follow_amaxes(device):
+    # Scales after each step: fp8_max / (max of the amax window); worked out from the
+    # tensors themselves, independent of the module's bookkeeping.
+    torch.manual_seed(3)
+    recipe = DelayedScaling(amax_history_len=2, amax_compute_algo="max")
+    m = te.Linear(64, 32, params_dtype=torch.float32, device=device)
+    xs = [torch.randn(16, 64, device=device) * s for s in (1.0, 4.0, 0.5)]
+    gs = [torch.randn(16, 32, device=device) * s for s in (2.0, 0.25, 1.0)]
+    w_amax = m.weight.detach().abs().max().item()
+    for i, (x, g) in enumerate(zip(xs, gs)):
+        with te.fp8_autocast(fp8_recipe=recipe):
+            y = m(x.requires_grad_())
+        y.backward(g)
+        window = slice(max(0, i - 1), i + 1)
+        x_amax = max(t.abs().max().item() for t in xs[window])
+        g_amax = max(t.abs().max().item() for t in gs[window])
+        fwd, bwd = m._fwd_state.scale.cpu(), m._bwd_state.scale.cpu()
+        torch.testing.assert_close(fwd, torch.tensor([448.0 / x_amax, 448.0 / w_amax]), rtol=1e-6, atol=0)
+        torch.testing.assert_close(bwd, torch.tensor([57344.0 / g_amax]), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_state_dict_round_trip_mid_training_restores_exactly(device):
+    torch.manual_seed(4)
+    recipe = DelayedScaling(amax_history_len=8)
+    a = te.Linear(64, 32, device=device)
+    opt = torch.optim.SGD(a.parameters(), lr=0.1)
+
+    def step(module, optimizer, x):
+        optimizer.zero_grad()
+        with te.fp8_autocast(fp8_recipe=recipe):
+            loss = module(x).float().pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    data = [torch.randn(16, 64, device=device) for _ in range(4)]
+    for x in data[:2]:
+        step(a, opt, x)
+    buffer = io.BytesIO()
+    torch.save(a.state_dict(), buffer)
+    b = te.Linear(64, 32, device=device)
+    b.load_state_dict(torch.load(io.BytesIO(buffer.getvalue()), weights_only=False))
+    opt_b = torch.optim.SGD(b.parameters(), lr=0.1)
+    for x in data[2:]:
+        assert torch.equal(step(a, opt, x), step(b, opt_b, x))
+    assert torch.equal(a._fwd_state.amax_history, b._fwd_state.amax_history)
+    assert torch.equal(a.weight, b.weight)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fp8", [False, True])
+def test_fuse_wgrad_accumulation_adds_into_main_grad(device, fp8):
+    torch.manual_seed(5)
+    m = te.Linear(64, 32, fuse_wgrad_accumulation=True, device=device)
+    plain = te.Linear(64, 32, device=device)
+    plain.load_state_dict(m.state_dict())
+    m.weight.main_grad = torch.zeros_like(m.weight)
+    xs = [torch.randn(16, 64, device=device) for _ in range(2)]
+    for x in xs:
+        with te.fp8_autocast(enabled=fp8):
+            m(x).sum().backward()
+        with te.fp8_autocast(enabled=fp8):
+            plain(x).sum().backward()
+    assert m.weight.grad is None and m.weight.grad_added_to_main_grad
+    torch.testing.assert_close(m.weight.main_grad, plain.weight.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_fuse_wgrad_accumulation_without_main_grad_is_a_clear_error():
+    m = te.Linear(16, 16, fuse_wgrad_accumulation=True, device="cpu")
+    with pytest.raises(RuntimeError, match="main_grad"):
+        m(torch.randn(8, 16)).sum().backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_parameters_split_names_and_values(device):
+    torch.manual_seed(6)
+    m = te.Linear(32, 48, parameters_split=("query_", "key_", "value_"), device=device)
+    names = [n for n, _ in m.named_parameters()]
+    assert names == ["query_weight", "query_bias", "key_weight", "key_bias", "value_weight", "value_bias"]
+    full = te.Linear(32, 48, device=device)
+    with torch.no_grad():
+        full.weight.copy_(torch.cat([m.query_weight, m.key_weight, m.value_weight]))
+        full.bias.copy_(torch.cat([m.query_bias, m.key_bias, m.value_bias]))
+    x = torch.randn(8, 32, device=device)
+    torch.testing.assert_close(m(x), full(x))
+    sized = te.Linear(32, 48, parameters_split={"a": 16, "b": 32}, device=device)
+    assert sized.a_weight.shape == (16, 32) and sized.b_weight.shape == (32, 32)
+    with pytest.raises(ValueError, match="add up to out_features"):
+        te.Linear(32, 48, parameters_split={"a": 16, "b": 16}, device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_return_bias(device):
+    m = te.Linear(16, 16, return_bias=True, device=device)
+    with torch.no_grad():
+        m.bias.fill_(0.5)
+    x = torch.randn(8, 16, device=device)
+    y, b = m(x)
+    torch.testing.assert_close(y + b, torch.nn.functional.linear(x, m.weight, m.bias), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_first_microbatch_caches_the_fp8_weight(device):
+    torch.manual_seed(7)
+    # Current scaling: the input's cast depends on the input alone, so only the weight
+    # can make the outputs differ.
+    recipe = Float8CurrentScaling()
+    m = te.Linear(32, 32, device=device)
+    x = torch.randn(16, 32, device=device)
+    with te.fp8_autocast(fp8_recipe=recipe):
+        y1 = m(x, is_first_microbatch=True)
+    with torch.no_grad():
+        m.weight.mul_(2.0)  # not seen until the next first microbatch
+    with te.fp8_autocast(fp8_recipe=recipe):
+        y2 = m(x, is_first_microbatch=False)
+        y3 = m(x, is_first_microbatch=True)
+    assert torch.equal(y1, y2)
+    assert not torch.allclose(y1, y3)
+
+
+@requires_cuda
+def test_under_torch_autocast_computes_in_its_dtype():
+    m = te.Linear(32, 16, device="cuda")
+    x = torch.randn(8, 32, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = m(x)
+    assert y.dtype == torch.bfloat16
+
+
+def test_under_cpu_autocast_computes_in_its_dtype():
+    m = te.Linear(32, 16, device="cpu")
+    x = torch.randn(8, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = m(x)
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert m.weight.grad.dtype == torch.float32
+
+
+def test_default_device_and_init():
+    m = te.Linear(64, 64)
+    assert m.weight.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert abs(m.weight.std().item() - 0.023) < 0.005
+    assert torch.all(m.bias == 0)
+
+
+def test_clear_errors():
+    m = te.Linear(32, 16, device="cpu")
+    with pytest.raises(ValueError, match="in_features=32"):
+        m(torch.randn(4, 31))
+    with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
+        m(torch.ones(4, 32, dtype=torch.int32))
+    with te.fp8_autocast():
+        with pytest.raises(ValueError, match="rows divisible by 8 and columns divisible by 16"):
+            m(torch.randn(4, 32))
+    with pytest.raises(NotImplementedError, match="tensor parallelism"):
+        te.Linear(32, 16, tp_size=2, device="cpu")
+    with pytest.raises(NotImplementedError, match="ub_overlap_ag"):
+        te.Linear(32, 16, ub_overlap_ag=True, device="cpu")
+    with pytest.raises(ValueError, match="in_features must be a positive int"):
+        te.Linear(0, 16, device="cpu")

@@ -1,0 +1,5 @@
+"""The nn.Module layers of transformer_engine.pytorch."""
+
+from transformer_engine.pytorch.module.linear import Linear
+
+__all__ = ["Linear"]

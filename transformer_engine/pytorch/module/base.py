@@ -1,0 +1,187 @@
+"""What every Transformer Engine module shares: reading the FP8 state at the start of a
+forward, its delayed-scaling metadata (saved in the module's extra state), FP8 casts by
+the recipe, the GEMM workspace, and the checks of the (not yet implemented) tensor- and
+sequence-parallel options."""
+
+from __future__ import annotations
+
+from typing import Dict, NamedTuple, Optional
+
+import torch
+
+from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling, Recipe
+from transformer_engine.pytorch.cpp_extensions import compute_amax, compute_scale_from_amax
+from transformer_engine.pytorch.cpp_extensions.gemm import get_cublas_workspace_size_bytes
+from transformer_engine.pytorch.fp8 import DelayedScalingState, FP8GlobalStateManager, get_fp8_te_dtype
+from transformer_engine.pytorch.tensor import Float8TensorBase
+
+__all__ = ["TransformerEngineBaseModule", "FP8Step", "get_workspace", "default_device", "activation_dtype_of"]
+
+_WORKSPACES: Dict[torch.device, torch.Tensor] = {}
+
+
+def get_workspace(device: torch.device) -> Optional[torch.Tensor]:
+    """cuBLASLt's scratch for GEMMs on ``device``, allocated once per device (None on the CPU)."""
+    if device.type != "cuda":
+        return None
+    device = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+    if device not in _WORKSPACES:
+        _WORKSPACES[device] = torch.empty(get_cublas_workspace_size_bytes(), dtype=torch.uint8, device=device)
+    return _WORKSPACES[device]
+
+
+def default_device() -> torch.device:
+    """Where parameters go when a module is given no device: the GPU when there is one."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def activation_dtype_of(inp: torch.Tensor) -> torch.dtype:
+    """The dtype a module computes in: an enclosing torch.autocast's, else the input's."""
+    device_type = inp.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return inp.dtype
+
+
+class FP8Step(NamedTuple):
+    """How one forward (and its backward) runs: in FP8 or not, and with what."""
+
+    fp8: bool  # casts to FP8 and FP8 GEMMs
+    calibrating: bool  # high precision, but amaxes recorded for delayed scaling
+    recipe: Optional[Recipe]
+    fwd_state: Optional[DelayedScalingState]  # delayed scaling only
+    bwd_state: Optional[DelayedScalingState]
+    first_module: bool  # this module's backward updates the backward scales
+
+
+class TransformerEngineBaseModule(torch.nn.Module):
+    """Base of Linear, LayerNormLinear, LayerNormMLP, LayerNorm-free FP8 modules.
+
+    A subclass says how many tensors it casts in each direction (``num_fp8_fwd`` inputs
+    and weights, ``num_fp8_bwd`` output gradients) and calls ``prepare_forward`` first
+    thing in its forward.
+    """
+
+    num_fp8_fwd = 0
+    num_fp8_bwd = 0
+
+    def __init__(self, *, tp_group=None, tp_size: int = 1, sequence_parallel: bool = False,
+                 parallel_mode: Optional[str] = None):
+        super().__init__()
+        if parallel_mode not in (None, "column", "row", "Column", "Row"):
+            raise ValueError(f"parallel_mode must be None, 'column' or 'row', got {parallel_mode!r}")
+        self.parallel_mode = parallel_mode.lower() if parallel_mode else None
+        self.sequence_parallel = bool(sequence_parallel)
+        self.tp_size = int(tp_size)
+        self.tp_group = None
+        self.set_tensor_parallel_group(tp_group)
+        self._fwd_state: Optional[DelayedScalingState] = None
+        self._bwd_state: Optional[DelayedScalingState] = None
+        self._pending_extra_state: Optional[dict] = None
+        self.fp8 = False
+        self.fp8_calibration = False
+
+    # ---- parallelism (accepted; communication arrives with its own issue) ----
+    def set_tensor_parallel_group(self, tp_group) -> None:
+        """Sets the tensor-parallel group. A group of more than one rank is refused until
+        OpenTE implements tensor / sequence parallel communication."""
+        size = self.tp_size
+        if tp_group is not None:
+            size = torch.distributed.get_world_size(tp_group)
+        if size > 1:
+            raise NotImplementedError(
+                f"{type(self).__name__}: tensor parallelism (tp_size / tp_group of {size} ranks) is not "
+                "implemented in OpenTE yet; use tp_size=1")
+        self.tp_group = tp_group
+
+    # ---- FP8 state of a forward ----
+    def prepare_forward(self, device: torch.device) -> FP8Step:
+        """Reads the autocast state and readies the delayed-scaling metadata."""
+        manager = FP8GlobalStateManager
+        fp8, calibrating = manager.is_fp8_enabled(), manager.is_fp8_calibration()
+        self.fp8, self.fp8_calibration = fp8, calibrating
+        if not (fp8 or calibrating):
+            return FP8Step(False, False, None, None, None, False)
+        recipe = manager.get_fp8_recipe()
+        fwd_state = bwd_state = None
+        if isinstance(recipe, DelayedScaling):
+            fwd_state = self._state(True, recipe, device)
+            bwd_state = self._state(False, recipe, device)
+            manager.add_forward_state(fwd_state)
+        first = manager.is_first_fp8_module() if fp8 else False
+        return FP8Step(fp8, calibrating and not fp8, recipe, fwd_state, bwd_state, first)
+
+    def _state(self, forward: bool, recipe: DelayedScaling, device: torch.device) -> DelayedScalingState:
+        state = self._fwd_state if forward else self._bwd_state
+        n = self.num_fp8_fwd if forward else self.num_fp8_bwd
+        if state is None or state.scale.device != device:
+            state = DelayedScalingState(n, recipe, forward, device)
+            if self._pending_extra_state is not None:
+                saved = self._pending_extra_state.get("fwd" if forward else "bwd")
+                if saved is not None:
+                    state.load_state_tensors(saved)
+        elif not state.matches(recipe):
+            state.adapt_to(recipe)
+        state.recipe = recipe
+        if forward:
+            self._fwd_state = state
+        else:
+            self._bwd_state = state
+        return state
+
+    # ---- extra state: the FP8 metadata travels with state_dict ----
+    def get_extra_state(self) -> dict:
+        extra = {}
+        for key, state in (("fwd", self._fwd_state), ("bwd", self._bwd_state)):
+            if state is not None:
+                extra[key] = {k: v.detach().clone() for k, v in state.state_tensors().items()}
+        return extra
+
+    def set_extra_state(self, state) -> None:
+        if state is None or (isinstance(state, torch.Tensor) and state.numel() == 0):
+            return
+        if not isinstance(state, dict):
+            raise TypeError(f"{type(self).__name__}: extra state must be the dict get_extra_state returns, "
+                            f"got {type(state).__name__}")
+        for key in ("fwd", "bwd"):
+            current = self._fwd_state if key == "fwd" else self._bwd_state
+            if key in state and current is not None:
+                current.load_state_tensors(state[key])
+        # States not made yet (no FP8 forward so far) take theirs when they are.
+        self._pending_extra_state = state
+
+
+def cast_to_fp8(x: torch.Tensor, step: FP8Step, index: int, *, forward: bool = True, is_weight: bool = False,
+                rowwise: bool = True, columnwise: bool = False) -> Float8TensorBase:
+    """``x`` in FP8 by the step's recipe, as tensor ``index`` of its direction's metadata.
+    Delayed scaling uses the state's scale and raises its current amax in the same pass;
+    current scaling computes amax and scale first (both on the device)."""
+    recipe = step.recipe
+    fp8_dtype = get_fp8_te_dtype(recipe, forward)
+    if isinstance(recipe, DelayedScaling):
+        state = step.fwd_state if forward else step.bwd_state
+        return Float8TensorBase.from_tensor(x, fp8_dtype, state.scale[index:index + 1], state.current_amax(index),
+                                            rowwise=rowwise, columnwise=columnwise)
+    qparams = (recipe.fp8_quant_bwd_grad if not forward
+               else recipe.fp8_quant_fwd_weight if is_weight else recipe.fp8_quant_fwd_inp)
+    amax = compute_amax(x)
+    scale, _ = compute_scale_from_amax(amax, fp8_dtype, epsilon=qparams.amax_epsilon,
+                                       force_pow_2_scales=qparams.power_2_scale)
+    return Float8TensorBase.from_tensor(x, fp8_dtype, scale, rowwise=rowwise, columnwise=columnwise)
+
+
+def check_fp8_dims(x: torch.Tensor, name: str) -> None:
+    """Transformer Engine's rule for FP8 GEMM operands (Hopper's FP8 GEMM needs 16-byte
+    aligned leading dimensions): rows divisible by 8, columns by 16."""
+    rows, cols = x.shape
+    if rows % 8 != 0 or cols % 16 != 0:
+        raise ValueError(f"FP8 execution needs {name} as a 2-D matrix with rows divisible by 8 and columns "
+                         f"divisible by 16, got [{rows}, {cols}] (pad the input or run this layer outside "
+                         "fp8_autocast)")
+
+
+def record_amax(x: torch.Tensor, step: FP8Step, forward: bool, index: int) -> None:
+    """Calibration: raise the delayed-scaling amax of tensor ``index`` without casting."""
+    state = step.fwd_state if forward else step.bwd_state
+    if state is not None:
+        compute_amax(x, state.current_amax(index))

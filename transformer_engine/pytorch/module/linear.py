@@ -1,0 +1,291 @@
+"""te.Linear: y = x W^T + b, in FP8 under fp8_autocast.
+
+Under FP8 the forward casts x (row-wise for this GEMM, plus the column-wise copy the
+weight-gradient GEMM will read) and W (plus its column-wise copy for the data-gradient
+GEMM), and runs the FP8 GEMM with the bias fused into its epilogue. The backward casts
+the output gradient once, in both layouts, and runs the dgrad ("NN") and wgrad ("NT")
+GEMMs on the saved FP8 copies: Hopper's FP8 GEMM reads only the "TN" form, which is why
+the transposed copies are made in the same pass as the casts.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable, Dict, Optional, Tuple, Union
+
+import torch
+
+from transformer_engine.pytorch.cpp_extensions import general_gemm
+from transformer_engine.pytorch.fp8 import FP8GlobalStateManager
+from transformer_engine.pytorch.module.base import (
+    FP8Step,
+    TransformerEngineBaseModule,
+    activation_dtype_of,
+    cast_to_fp8,
+    check_fp8_dims,
+    default_device,
+    get_workspace,
+    record_amax,
+)
+
+__all__ = ["Linear"]
+
+
+def default_init_method(weight: torch.Tensor) -> None:
+    """Transformer Engine's default weight init: normal, mean 0, std 0.023."""
+    torch.nn.init.normal_(weight, mean=0.0, std=0.023)
+
+
+def _split_sizes(parameters_split, out_features: int) -> Optional[Dict[str, int]]:
+    """parameters_split as an ordered {name: rows}: names from a tuple share dim 0
+    equally; trailing underscores are stripped (the parameters end in _weight / _bias)."""
+    if parameters_split is None:
+        return None
+    if isinstance(parameters_split, (tuple, list)):
+        if not parameters_split or out_features % len(parameters_split) != 0:
+            raise ValueError(f"parameters_split: out_features {out_features} must divide into "
+                             f"{len(parameters_split)} equal parts")
+        size = out_features // len(parameters_split)
+        parameters_split = OrderedDict((name, size) for name in parameters_split)
+    elif not isinstance(parameters_split, dict):
+        raise TypeError(f"parameters_split must be a tuple of names or a dict of name: size, "
+                        f"got {type(parameters_split).__name__}")
+    sizes = OrderedDict((str(name).rstrip("_"), int(size)) for name, size in parameters_split.items())
+    if sum(sizes.values()) != out_features:
+        raise ValueError(f"parameters_split sizes {list(sizes.values())} must add up to out_features {out_features}")
+    return sizes
+
+
+def hp_linear_forward(weight: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """x W^T + b in x's dtype: the core GEMM (cuBLASLt, bias fused) on the GPU, torch's
+    BLAS on the CPU (the CPU core GEMM is a reference, not a fast path)."""
+    if x.is_cuda:
+        return general_gemm(weight, x, get_workspace(x.device), out_dtype=x.dtype, bias=bias, layout="TN")[0]
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+def hp_dgrad(weight: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    if dy.is_cuda:
+        return general_gemm(weight, dy, get_workspace(dy.device), out_dtype=dy.dtype, layout="NN")[0]
+    return dy @ weight
+
+
+def hp_wgrad(x: torch.Tensor, dy: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """dy^T x, added into ``out`` when given (fuse_wgrad_accumulation)."""
+    if dy.is_cuda:
+        if out is not None:
+            return general_gemm(x, dy, get_workspace(dy.device), out_dtype=out.dtype, layout="NT", out=out,
+                                accumulate=True)[0]
+        return general_gemm(x, dy, get_workspace(dy.device), out_dtype=dy.dtype, layout="NT")[0]
+    grad = dy.t() @ x
+    if out is not None:
+        out.add_(grad.to(out.dtype))
+        return out
+    return grad
+
+
+class _LinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, weight, inp, bias, module: "Linear", step: FP8Step, dtype: torch.dtype,
+                is_first_microbatch: Optional[bool]):
+        in_features = weight.shape[1]
+        x = inp.reshape(-1, in_features)
+        x = x.to(dtype) if x.dtype != dtype else x
+        x = x.contiguous()
+        b = bias.to(dtype) if bias is not None and bias.dtype != dtype else bias
+        need_wgrad, need_dgrad = weight.requires_grad, inp.requires_grad
+        if step.fp8:
+            check_fp8_dims(x, "the input")
+            x_fp8 = cast_to_fp8(x, step, 0, rowwise=True, columnwise=need_wgrad)
+            w_fp8 = module.fp8_weight(weight, dtype, step, is_first_microbatch, columnwise=need_dgrad)
+            split = getattr(step.recipe, "fp8_gemm_fprop", None)
+            out = general_gemm(w_fp8, x_fp8, get_workspace(x.device), out_dtype=dtype, bias=b, layout="TN",
+                               use_split_accumulator=bool(split and split.use_split_accumulator))[0]
+            saved_x, saved_w = (x_fp8 if need_wgrad else None), (w_fp8 if need_dgrad else None)
+        else:
+            w = weight.to(dtype) if weight.dtype != dtype else weight
+            if step.calibrating:
+                record_amax(x, step, True, 0)
+                record_amax(w, step, True, 1)
+            out = hp_linear_forward(w, x, b)
+            saved_x, saved_w = (x if need_wgrad else None), (w if need_dgrad else None)
+        ctx.saved = (saved_x, saved_w)
+        ctx.weight = weight
+        ctx.module_step = step
+        ctx.dtype = dtype
+        ctx.inp_shape, ctx.inp_dtype = inp.shape, inp.dtype
+        ctx.has_bias = bias is not None
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        ctx.fuse_wgrad_accumulation = module.fuse_wgrad_accumulation
+        ctx.needs = (need_wgrad, need_dgrad)
+        return out.view(*inp.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        saved_x, saved_w = ctx.saved
+        ctx.saved = None
+        step: FP8Step = ctx.module_step
+        weight = ctx.weight
+        need_wgrad, need_dgrad = ctx.needs
+        dy = grad_out.reshape(-1, weight.shape[0])
+        dy = (dy.to(ctx.dtype) if dy.dtype != ctx.dtype else dy).contiguous()
+        dbias = dy.sum(0).to(ctx.bias_dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        main_grad = getattr(weight, "main_grad", None) if ctx.fuse_wgrad_accumulation else None
+        if ctx.fuse_wgrad_accumulation and need_wgrad and main_grad is None:
+            raise RuntimeError("fuse_wgrad_accumulation=True needs weight.main_grad, a pre-allocated buffer of "
+                               f"the weight's shape {tuple(weight.shape)} to accumulate into")
+        dx = dw = None
+        if step.fp8:
+            dy_fp8 = cast_to_fp8(dy, step, 0, forward=False, rowwise=need_dgrad, columnwise=need_wgrad)
+            ws = get_workspace(dy.device)
+            if need_dgrad:
+                dx = general_gemm(saved_w, dy_fp8, ws, out_dtype=ctx.dtype, layout="NN",
+                                  use_split_accumulator=_split(step, "fp8_gemm_dgrad"))[0]
+            if need_wgrad:
+                if main_grad is not None:
+                    general_gemm(saved_x, dy_fp8, ws, out_dtype=main_grad.dtype, layout="NT", out=main_grad,
+                                 accumulate=True, use_split_accumulator=_split(step, "fp8_gemm_wgrad"))
+                else:
+                    dw = general_gemm(saved_x, dy_fp8, ws, out_dtype=ctx.dtype, layout="NT",
+                                      use_split_accumulator=_split(step, "fp8_gemm_wgrad"))[0]
+            if step.bwd_state is not None:
+                FP8GlobalStateManager.add_backward_state(step.bwd_state)
+                if step.first_module:
+                    FP8GlobalStateManager.reduce_and_update_fp8_tensors(forward=False, recipe=step.recipe)
+        else:
+            if step.calibrating:
+                record_amax(dy, step, False, 0)
+                FP8GlobalStateManager.add_backward_state(step.bwd_state)
+            if need_dgrad:
+                dx = hp_dgrad(saved_w, dy)
+            if need_wgrad:
+                if main_grad is not None:
+                    hp_wgrad(saved_x, dy, out=main_grad)
+                else:
+                    dw = hp_wgrad(saved_x, dy)
+        if main_grad is not None and need_wgrad:
+            # Megatron-style optimizers read main_grad and check this flag.
+            weight.grad_added_to_main_grad = True
+        if dw is not None and dw.dtype != weight.dtype:
+            dw = dw.to(weight.dtype)
+        if dx is not None:
+            dx = dx.view(ctx.inp_shape)
+            dx = dx.to(ctx.inp_dtype) if dx.dtype != ctx.inp_dtype else dx
+        return dw, dx, dbias, None, None, None, None
+
+
+def _split(step: FP8Step, gemm: str) -> bool:
+    params = getattr(step.recipe, gemm, None)
+    return True if params is None else bool(params.use_split_accumulator)
+
+
+class Linear(TransformerEngineBaseModule):
+    """Applies ``y = x W^T + b``; a drop-in replacement for torch.nn.Linear that runs in
+    FP8 under ``fp8_autocast`` (see Transformer Engine's documentation for the options)."""
+
+    num_fp8_fwd = 2  # input, weight
+    num_fp8_bwd = 1  # output gradient
+
+    def __init__(self, in_features: int, out_features: int, sequence_parallel: bool = False,
+                 fuse_wgrad_accumulation: bool = False, tp_group=None, tp_size: int = 1,
+                 get_rng_state_tracker: Optional[Callable] = None, rng_tracker_name: Optional[str] = None,
+                 init_method: Optional[Callable] = None, bias: bool = True, return_bias: bool = False,
+                 params_dtype: Optional[torch.dtype] = None, parallel_mode: Optional[str] = None,
+                 parameters_split: Optional[Union[Tuple[str, ...], Dict[str, int]]] = None,
+                 device: Union[torch.device, str, None] = None, ub_overlap_ag: bool = False,
+                 ub_overlap_rs: bool = False, ub_overlap_rs_dgrad: bool = False, ub_bulk_dgrad: bool = False,
+                 ub_bulk_wgrad: bool = False, ub_name: Optional[str] = None, delay_wgrad_compute: bool = False,
+                 symmetric_ar_type: Optional[str] = None, name: Optional[str] = None):
+        super().__init__(tp_group=tp_group, tp_size=tp_size, sequence_parallel=sequence_parallel,
+                         parallel_mode=parallel_mode)
+        for flag, value in (("ub_overlap_ag", ub_overlap_ag), ("ub_overlap_rs", ub_overlap_rs),
+                            ("ub_overlap_rs_dgrad", ub_overlap_rs_dgrad), ("ub_bulk_dgrad", ub_bulk_dgrad),
+                            ("ub_bulk_wgrad", ub_bulk_wgrad), ("delay_wgrad_compute", delay_wgrad_compute)):
+            if value:
+                raise NotImplementedError(f"Linear: {flag}=True is not implemented in OpenTE yet")
+        if symmetric_ar_type is not None:
+            raise NotImplementedError("Linear: symmetric_ar_type is not implemented in OpenTE yet")
+        for arg, value in (("in_features", in_features), ("out_features", out_features)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"Linear: {arg} must be a positive int, got {value!r}")
+        self.in_features, self.out_features = in_features, out_features
+        self.use_bias, self.return_bias = bool(bias), bool(return_bias)
+        self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
+        self.get_rng_state_tracker, self.rng_tracker_name, self.name = get_rng_state_tracker, rng_tracker_name, name
+        params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
+        if params_dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise TypeError(f"Linear: params_dtype must be float32, float16 or bfloat16, got {params_dtype}")
+        device = default_device() if device is None else torch.device(device)
+        if device.type == "meta":
+            raise NotImplementedError("Linear: device='meta' (deferred init) is not implemented in OpenTE yet")
+        self.params_dtype = params_dtype
+        init_method = default_init_method if init_method is None else init_method
+
+        self._split = _split_sizes(parameters_split, out_features)
+        weight = torch.empty(out_features, in_features, dtype=params_dtype, device=device)
+        init_method(weight)
+        bias_value = torch.zeros(out_features, dtype=params_dtype, device=device) if self.use_bias else None
+        if self._split is None:
+            self.weight = torch.nn.Parameter(weight)
+            self.bias = torch.nn.Parameter(bias_value) if self.use_bias else None
+            self._weight_names, self._bias_names = ["weight"], (["bias"] if self.use_bias else [])
+        else:
+            self._weight_names, self._bias_names, offset = [], [], 0
+            for part, rows in self._split.items():
+                self.register_parameter(f"{part}_weight", torch.nn.Parameter(weight[offset:offset + rows].clone()))
+                self._weight_names.append(f"{part}_weight")
+                if self.use_bias:
+                    self.register_parameter(f"{part}_bias",
+                                            torch.nn.Parameter(bias_value[offset:offset + rows].clone()))
+                    self._bias_names.append(f"{part}_bias")
+                offset += rows
+        self._fp8_weight_cache = None
+
+    # ---- parameters as the GEMM sees them ----
+    def _joined(self, names):
+        params = [getattr(self, n) for n in names]
+        return params[0] if len(params) == 1 else torch.cat(params, dim=0)
+
+    def full_weight(self) -> torch.Tensor:
+        return self._joined(self._weight_names)
+
+    def full_bias(self) -> Optional[torch.Tensor]:
+        return self._joined(self._bias_names) if self.use_bias else None
+
+    def fp8_weight(self, weight: torch.Tensor, dtype: torch.dtype, step: FP8Step,
+                   is_first_microbatch: Optional[bool], columnwise: bool):
+        """The FP8 weight of this step: cast now (is_first_microbatch None or True), or the
+        copy cast on the first microbatch (False: the weights have not changed since)."""
+        if is_first_microbatch is False and self._fp8_weight_cache is not None:
+            return self._fp8_weight_cache
+        w = weight.to(dtype) if weight.dtype != dtype else weight
+        w_fp8 = cast_to_fp8(w.detach(), step, 1, is_weight=True, rowwise=True,
+                            columnwise=columnwise or is_first_microbatch is not None)
+        check_fp8_dims(w, "the weight")
+        self._fp8_weight_cache = w_fp8 if is_first_microbatch is not None else None
+        return w_fp8
+
+    def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None,
+                fp8_output: bool = False, fp8_grad: bool = False):
+        if fp8_output or fp8_grad:
+            raise NotImplementedError("Linear: fp8_output / fp8_grad are not implemented in OpenTE yet")
+        if not isinstance(inp, torch.Tensor):
+            raise TypeError(f"Linear: inp must be a torch.Tensor, got {type(inp).__name__}")
+        if inp.dim() == 0 or inp.shape[-1] != self.in_features:
+            raise ValueError(f"Linear: inp's last dimension must be in_features={self.in_features}, "
+                             f"got shape {tuple(inp.shape)}")
+        weight, bias = self.full_weight(), self.full_bias()
+        if inp.device != weight.device:
+            raise ValueError(f"Linear: inp is on {inp.device} but the parameters are on {weight.device}")
+        if not inp.is_floating_point() or inp.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise TypeError(f"Linear: inp must be float32, float16 or bfloat16, got {inp.dtype}")
+        step = self.prepare_forward(inp.device)
+        dtype = activation_dtype_of(inp)
+        fused_bias = bias if not self.return_bias else None
+        out = _LinearFunction.apply(weight, inp, fused_bias, self, step, dtype, is_first_microbatch)
+        if self.return_bias:
+            return out, (bias.to(dtype) if bias is not None else None)
+        return out
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.use_bias}"
