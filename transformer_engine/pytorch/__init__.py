@@ -14,12 +14,14 @@ from transformer_engine.pytorch.fp8 import (
     fp8_model_init,
     is_fp8_available,
 )
-from transformer_engine.pytorch.module import Linear
+from transformer_engine.pytorch.module import LayerNorm, Linear, RMSNorm
 
 __all__ = [
     "DType",
     "FP8GlobalStateManager",
+    "LayerNorm",
     "Linear",
+    "RMSNorm",
     "autocast",
     "fp8_autocast",
     "fp8_model_init",

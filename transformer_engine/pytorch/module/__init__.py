@@ -1,5 +1,6 @@
 """The nn.Module layers of transformer_engine.pytorch."""
 
+from transformer_engine.pytorch.module.layernorm import LayerNorm, RMSNorm
 from transformer_engine.pytorch.module.linear import Linear
 
-__all__ = ["Linear"]
+__all__ = ["LayerNorm", "Linear", "RMSNorm"]

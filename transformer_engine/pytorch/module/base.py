@@ -78,6 +78,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
         self._fwd_state: Optional[DelayedScalingState] = None
         self._bwd_state: Optional[DelayedScalingState] = None
         self._pending_extra_state: Optional[dict] = None
+        self._fp8_weight_cache: Dict[str, Float8TensorBase] = {}
         self.fp8 = False
         self.fp8_calibration = False
 
@@ -128,6 +129,25 @@ class TransformerEngineBaseModule(torch.nn.Module):
         else:
             self._bwd_state = state
         return state
+
+    def fp8_weight(self, name: str, weight: torch.Tensor, dtype: torch.dtype, step: FP8Step, index: int,
+                   is_first_microbatch: Optional[bool], columnwise: bool) -> Float8TensorBase:
+        """The FP8 copy of weight ``name`` (forward tensor ``index``) for this step: cast now
+        when is_first_microbatch is None or True, or the copy cast on the first microbatch
+        when it is False (the weights have not changed since, so the cast is skipped)."""
+        cached = self._fp8_weight_cache.get(name)
+        if is_first_microbatch is False and cached is not None:
+            return cached
+        w = weight.detach()
+        w = w.to(dtype) if w.dtype != dtype else w
+        check_fp8_dims(w, f"the weight {name}")
+        w_fp8 = cast_to_fp8(w, step, index, is_weight=True, rowwise=True,
+                            columnwise=columnwise or is_first_microbatch is not None)
+        if is_first_microbatch is None:
+            self._fp8_weight_cache.pop(name, None)
+        else:
+            self._fp8_weight_cache[name] = w_fp8
+        return w_fp8
 
     # ---- extra state: the FP8 metadata travels with state_dict ----
     def get_extra_state(self) -> dict:

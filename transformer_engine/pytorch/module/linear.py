@@ -97,7 +97,7 @@ class _LinearFunction(torch.autograd.Function):
         if step.fp8:
             check_fp8_dims(x, "the input")
             x_fp8 = cast_to_fp8(x, step, 0, rowwise=True, columnwise=need_wgrad)
-            w_fp8 = module.fp8_weight(weight, dtype, step, is_first_microbatch, columnwise=need_dgrad)
+            w_fp8 = module.fp8_weight("weight", weight, dtype, step, 1, is_first_microbatch, columnwise=need_dgrad)
             split = getattr(step.recipe, "fp8_gemm_fprop", None)
             out = general_gemm(w_fp8, x_fp8, get_workspace(x.device), out_dtype=dtype, bias=b, layout="TN",
                                use_split_accumulator=bool(split and split.use_split_accumulator))[0]
@@ -239,7 +239,6 @@ class Linear(TransformerEngineBaseModule):
                                             torch.nn.Parameter(bias_value[offset:offset + rows].clone()))
                     self._bias_names.append(f"{part}_bias")
                 offset += rows
-        self._fp8_weight_cache = None
 
     # ---- parameters as the GEMM sees them ----
     def _joined(self, names):
@@ -251,19 +250,6 @@ class Linear(TransformerEngineBaseModule):
 
     def full_bias(self) -> Optional[torch.Tensor]:
         return self._joined(self._bias_names) if self.use_bias else None
-
-    def fp8_weight(self, weight: torch.Tensor, dtype: torch.dtype, step: FP8Step,
-                   is_first_microbatch: Optional[bool], columnwise: bool):
-        """The FP8 weight of this step: cast now (is_first_microbatch None or True), or the
-        copy cast on the first microbatch (False: the weights have not changed since)."""
-        if is_first_microbatch is False and self._fp8_weight_cache is not None:
-            return self._fp8_weight_cache
-        w = weight.to(dtype) if weight.dtype != dtype else weight
-        w_fp8 = cast_to_fp8(w.detach(), step, 1, is_weight=True, rowwise=True,
-                            columnwise=columnwise or is_first_microbatch is not None)
-        check_fp8_dims(w, "the weight")
-        self._fp8_weight_cache = w_fp8 if is_first_microbatch is not None else None
-        return w_fp8
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None,
                 fp8_output: bool = False, fp8_grad: bool = False):

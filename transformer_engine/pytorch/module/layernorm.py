@@ -1,0 +1,103 @@
+"""te.LayerNorm and te.RMSNorm: the core's norm kernels (fp32 statistics; weights may be
+in another dtype than the input) as nn.Modules."""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from transformer_engine.pytorch.module._norm import make_norm_parameters, norm_backward, norm_forward
+from transformer_engine.pytorch.module.base import activation_dtype_of, default_device
+
+__all__ = ["LayerNorm", "RMSNorm"]
+
+
+class _NormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, inp, weight, bias, normalization: str, eps: float, zero_centered_gamma: bool,
+                dtype: torch.dtype):
+        x = inp.reshape(-1, inp.shape[-1])
+        x = (x.to(dtype) if x.dtype != dtype else x).contiguous()
+        out, mu, rsigma = norm_forward(normalization, x, weight, bias, eps, zero_centered_gamma)
+        ctx.save_for_backward(x, mu, rsigma, weight)
+        ctx.normalization, ctx.zero_centered_gamma = normalization, zero_centered_gamma
+        ctx.inp_shape, ctx.inp_dtype = inp.shape, inp.dtype
+        return out.view(inp.shape)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, mu, rsigma, weight = ctx.saved_tensors
+        dz = grad_out.reshape(x.shape)
+        dz = (dz.to(x.dtype) if dz.dtype != x.dtype else dz).contiguous()
+        dx, dweight, dbias = norm_backward(ctx.normalization, dz, x, mu, rsigma, weight, ctx.zero_centered_gamma)
+        dx = dx.view(ctx.inp_shape)
+        dx = dx.to(ctx.inp_dtype) if dx.dtype != ctx.inp_dtype else dx
+        return dx, dweight, dbias, None, None, None, None
+
+
+class _Norm(torch.nn.Module):
+    normalization = ""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5, sequence_parallel: Optional[bool] = None,
+                 params_dtype: Optional[torch.dtype] = None, zero_centered_gamma: bool = False,
+                 device: Union[torch.device, str, None] = None, normalized_shape=None):
+        super().__init__()
+        name = type(self).__name__
+        if normalized_shape is not None:  # Transformer Engine's newer keyword for hidden_size
+            hidden_size = normalized_shape
+        if isinstance(hidden_size, (tuple, list, torch.Size)):
+            if len(hidden_size) != 1:
+                raise NotImplementedError(f"{name}: normalizing over several dims ({tuple(hidden_size)}) is not "
+                                          "implemented; pass the last dim's size")
+            hidden_size = hidden_size[0]
+        if isinstance(hidden_size, bool) or not isinstance(hidden_size, int) or hidden_size <= 0:
+            raise ValueError(f"{name}: hidden_size must be a positive int, got {hidden_size!r}")
+        if not isinstance(eps, (int, float)) or eps < 0:
+            raise ValueError(f"{name}: eps must be a number >= 0, got {eps!r}")
+        params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
+        if params_dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise TypeError(f"{name}: params_dtype must be float32, float16 or bfloat16, got {params_dtype}")
+        self.hidden_size, self.eps = hidden_size, float(eps)
+        self.zero_centered_gamma = bool(zero_centered_gamma)
+        self.sequence_parallel = bool(sequence_parallel)
+        device = default_device() if device is None else torch.device(device)
+        make_norm_parameters(self, hidden_size, self.normalization, self.zero_centered_gamma, params_dtype, device,
+                             prefix="")
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.weight.fill_(0.0 if self.zero_centered_gamma else 1.0)
+            if self.bias is not None:
+                self.bias.zero_()
+
+    def forward(self, inp: torch.Tensor) -> torch.Tensor:
+        name = type(self).__name__
+        if not isinstance(inp, torch.Tensor):
+            raise TypeError(f"{name}: inp must be a torch.Tensor, got {type(inp).__name__}")
+        if inp.dim() == 0 or inp.shape[-1] != self.hidden_size:
+            raise ValueError(f"{name}: inp's last dimension must be hidden_size={self.hidden_size}, "
+                             f"got shape {tuple(inp.shape)}")
+        if inp.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise TypeError(f"{name}: inp must be float32, float16 or bfloat16, got {inp.dtype}")
+        if inp.device != self.weight.device:
+            raise ValueError(f"{name}: inp is on {inp.device} but the parameters are on {self.weight.device}")
+        return _NormFunction.apply(inp, self.weight, self.bias, self.normalization, self.eps,
+                                   self.zero_centered_gamma, activation_dtype_of(inp))
+
+    def extra_repr(self) -> str:
+        return f"{self.hidden_size}, eps={self.eps}, zero_centered_gamma={self.zero_centered_gamma}"
+
+
+class LayerNorm(_Norm):
+    """``y = (x - E[x]) / sqrt(Var[x] + eps) * gamma + beta`` over the last dim (``(1 + gamma)``
+    with ``zero_centered_gamma``); parameters ``weight`` and ``bias``."""
+
+    normalization = "LayerNorm"
+
+
+class RMSNorm(_Norm):
+    """``y = x / sqrt(mean(x^2) + eps) * gamma`` over the last dim (``(1 + gamma)`` with
+    ``zero_centered_gamma``); parameter ``weight``."""
+
+    normalization = "RMSNorm"
