@@ -13,7 +13,7 @@ from transformer_engine.pytorch.cpp_extensions.tensor_desc import (
     stream_of,
 )
 
-__all__ = ["quantize", "dequantize", "transpose", "compute_amax"]
+__all__ = ["quantize", "quantize_into", "dequantize", "transpose", "compute_amax"]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _TE_TO_TORCH_FP8 = {DType.kFloat8E4M3: torch.float8_e4m3fn, DType.kFloat8E5M2: torch.float8_e5m2}
@@ -51,6 +51,38 @@ def quantize(
     max(amax, max|x|).
     """
     _check_float_input(x, "x")
+    if not (rowwise or columnwise):
+        raise ValueError("quantize: at least one of rowwise and columnwise must be True")
+    data = torch.empty(x.shape, dtype=torch.uint8, device=x.device) if rowwise else None
+    data_t = torch.empty(columnwise_shape(x.shape), dtype=torch.uint8, device=x.device) if columnwise else None
+    return quantize_into(x, fp8_dtype, scale, data=data, data_t=data_t, amax=amax, scale_inv=scale_inv)
+
+
+def _check_fp8_output(t: torch.Tensor, name: str, shape, x: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8:
+        raise TypeError(f"{name} must be a torch.uint8 tensor for the FP8 bits, got {getattr(t, 'dtype', type(t))}")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    if t.device != x.device:
+        raise ValueError(f"{name} is on {t.device} but must be on {x.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def quantize_into(
+    x: torch.Tensor,
+    fp8_dtype,
+    scale: torch.Tensor,
+    *,
+    data: torch.Tensor | None,
+    data_t: torch.Tensor | None,
+    amax: torch.Tensor | None = None,
+    scale_inv: torch.Tensor | None = None,
+):
+    """``quantize`` into given buffers: ``data`` (uint8, x's shape) and/or ``data_t``
+    (uint8, [x.shape[-1], *x.shape[:-1]]), contiguous on x's device; the ones that
+    are given are written in one pass. Returns ``(data, data_t, scale_inv)``."""
+    _check_float_input(x, "x")
     dtype = fp8_dtype_of(fp8_dtype)
     check_fp32_buffer(scale, "scale", x)
     if amax is not None:
@@ -58,10 +90,12 @@ def quantize(
     if scale_inv is None:
         scale_inv = torch.empty(1, dtype=torch.float32, device=x.device)
     check_fp32_buffer(scale_inv, "scale_inv", x)
-    if not (rowwise or columnwise):
-        raise ValueError("quantize: at least one of rowwise and columnwise must be True")
-    data = torch.empty(x.shape, dtype=torch.uint8, device=x.device) if rowwise else None
-    data_t = torch.empty(columnwise_shape(x.shape), dtype=torch.uint8, device=x.device) if columnwise else None
+    if data is None and data_t is None:
+        raise ValueError("quantize: at least one of the row-wise and column-wise outputs is needed")
+    if data is not None:
+        _check_fp8_output(data, "data", x.shape, x)
+    if data_t is not None:
+        _check_fp8_output(data_t, "data_t", columnwise_shape(x.shape), x)
     x_desc = describe(x, "x")
     out = _core.Tensor(
         *x_desc.device,

@@ -13,6 +13,20 @@ from transformer_engine.pytorch.cpp_extensions.tensor_desc import DType, check_f
 __all__ = ["Float8TensorBase"]
 
 
+def rowwise_shape(columnwise: torch.Size) -> torch.Size:
+    """The logical shape whose column-wise copy has shape ``columnwise`` (the inverse of
+    ``columnwise_shape``)."""
+    return torch.Size((*columnwise[1:], columnwise[0])) if len(columnwise) else torch.Size(())
+
+
+def _rowwise_from_columnwise(data_t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Row-wise FP8 bits of ``shape`` from the column-wise copy (a 2-D transpose back)."""
+    if not shape:
+        return data_t.reshape(shape).clone()
+    rows = math.prod(shape[:-1])
+    return transpose(data_t.reshape(shape[-1], rows)).reshape(shape)
+
+
 class Float8TensorBase:
     """FP8 values ``fp8(bits) * _scale_inv`` with one scale for the whole tensor.
 
@@ -70,8 +84,7 @@ class Float8TensorBase:
         """The logical shape (of the row-wise data), as torch.Tensor.size()."""
         if self._data is not None:
             return self._data.size(*args)
-        t = self._transpose.shape
-        full = torch.Size((*t[1:], t[0])) if t else torch.Size(())
+        full = rowwise_shape(self._transpose.shape)
         return full[args[0]] if args else full
 
     @property
@@ -93,6 +106,27 @@ class Float8TensorBase:
         # The copy is the 2-D transpose of [d_0 * ... * d_{n-2}, d_{n-1}]: undo it in 2-D.
         rows = math.prod(shape[:-1])
         return transpose(values_t.reshape(shape[-1], rows)).reshape(shape)
+
+    def update_usage(self, rowwise_usage: Optional[bool] = None, columnwise_usage: Optional[bool] = None) -> None:
+        """Makes the row-wise / column-wise layout exist (True) or frees it (False); None
+        leaves it. A missing layout is made from the other one by an exact transpose."""
+        want_rowwise = (self._data is not None) if rowwise_usage is None else bool(rowwise_usage)
+        want_columnwise = (self._transpose is not None) if columnwise_usage is None else bool(columnwise_usage)
+        if not (want_rowwise or want_columnwise):
+            raise ValueError("update_usage: a tensor needs at least one of the row-wise and column-wise layouts")
+        if want_rowwise and self._data is None:
+            self._data = _rowwise_from_columnwise(self._transpose, self.size())
+        if want_columnwise and self._transpose is None:
+            self._transpose = transpose(self._data) if self._data.dim() else self._data.clone()
+        if not want_rowwise:
+            self._data = None
+        if not want_columnwise:
+            self._transpose = None
+
+    def get_metadata(self) -> dict[str, Any]:
+        """The constructor keywords of a tensor sharing this one's buffers."""
+        return {"data": self._data, "fp8_scale_inv": self._scale_inv, "fp8_dtype": self._fp8_dtype,
+                "data_transpose": self._transpose, "quantizer": self._quantizer}
 
     def __repr__(self) -> str:
         layouts = [name for name, t in (("rowwise", self._data), ("columnwise", self._transpose)) if t is not None]
