@@ -255,3 +255,50 @@ def test_clear_errors():
         te.Linear(32, 16, ub_overlap_ag=True, device="cpu")
     with pytest.raises(ValueError, match="in_features must be a positive int"):
         te.Linear(0, 16, device="cpu")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_model_init_keeps_weights_only_in_fp8(device):
+    torch.manual_seed(8)
+    with te.fp8_model_init(enabled=True, preserve_high_precision_init_val=True):
+        m = te.Linear(64, 32, params_dtype=torch.bfloat16, device=device)
+    assert isinstance(m.weight, te.Float8Tensor) and isinstance(m.weight, torch.nn.Parameter)
+    assert m.weight._data.dtype == torch.uint8 and m.weight.dtype == torch.bfloat16
+    init = m.weight.get_high_precision_init_val()
+    assert init.device.type == "cpu" and init.dtype == torch.bfloat16
+    # The FP8 value is the cast of the initial value (E4M3: within 2^-4 relative, or the
+    # subnormal step of the chosen scale).
+    torch.testing.assert_close(m.weight.dequantize(dtype=torch.float32).cpu(), init.float(), rtol=2**-4, atol=1e-3)
+    m.weight.clear_high_precision_init_val()
+    assert m.weight.get_high_precision_init_val() is None
+    opt = torch.optim.SGD(m.parameters(), lr=0.5)
+    x = torch.randn(16, 64, dtype=torch.bfloat16, device=device)
+    target = torch.randn(16, 32, dtype=torch.bfloat16, device=device)
+    losses = []
+    for _ in range(5):
+        opt.zero_grad()
+        with te.fp8_autocast():
+            loss = (m(x).float() - target.float()).pow(2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert isinstance(m.weight, te.Float8Tensor)  # the optimizer step re-quantized in place
+    assert losses[-1] < losses[0]
+
+
+@requires_cuda
+def test_fp8_model_init_memory():
+    # A bf16 [4096, 4096] weight is 32 MiB; its FP8 data 16 MiB (the transposed copy is
+    # made by the first forward that needs it).
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    plain = te.Linear(4096, 4096, bias=False, params_dtype=torch.bfloat16, device="cuda")
+    plain_bytes = torch.cuda.memory_allocated() - before
+    del plain
+    before = torch.cuda.memory_allocated()
+    with te.fp8_model_init():
+        fp8 = te.Linear(4096, 4096, bias=False, params_dtype=torch.bfloat16, device="cuda")
+    fp8_bytes = torch.cuda.memory_allocated() - before
+    assert plain_bytes >= 32 * 2**20
+    assert fp8_bytes <= 16 * 2**20 + 2**16, (plain_bytes, fp8_bytes)
+    del fp8

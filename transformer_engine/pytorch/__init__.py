@@ -15,12 +15,22 @@ from transformer_engine.pytorch.fp8 import (
     is_fp8_available,
 )
 from transformer_engine.pytorch.module import LayerNorm, Linear, RMSNorm
+from transformer_engine.pytorch.tensor import (
+    Float8CurrentScalingQuantizer,
+    Float8Quantizer,
+    Float8Tensor,
+    QuantizedTensor,
+)
 
 __all__ = [
     "DType",
     "FP8GlobalStateManager",
+    "Float8CurrentScalingQuantizer",
+    "Float8Quantizer",
+    "Float8Tensor",
     "LayerNorm",
     "Linear",
+    "QuantizedTensor",
     "RMSNorm",
     "autocast",
     "fp8_autocast",

@@ -12,8 +12,13 @@ import torch
 from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling, Recipe
 from transformer_engine.pytorch.cpp_extensions import compute_amax, compute_scale_from_amax
 from transformer_engine.pytorch.cpp_extensions.gemm import get_cublas_workspace_size_bytes
-from transformer_engine.pytorch.fp8 import DelayedScalingState, FP8GlobalStateManager, get_fp8_te_dtype
-from transformer_engine.pytorch.tensor import Float8TensorBase
+from transformer_engine.pytorch.fp8 import (
+    DelayedScalingState,
+    FP8GlobalStateManager,
+    get_default_fp8_recipe,
+    get_fp8_te_dtype,
+)
+from transformer_engine.pytorch.tensor import Float8CurrentScalingQuantizer, Float8TensorBase
 
 __all__ = ["TransformerEngineBaseModule", "FP8Step", "get_workspace", "default_device", "activation_dtype_of"]
 
@@ -135,6 +140,10 @@ class TransformerEngineBaseModule(torch.nn.Module):
         """The FP8 copy of weight ``name`` (forward tensor ``index``) for this step: cast now
         when is_first_microbatch is None or True, or the copy cast on the first microbatch
         when it is False (the weights have not changed since, so the cast is skipped)."""
+        if isinstance(weight, Float8TensorBase):  # an FP8 parameter (fp8_model_init): already cast
+            if columnwise:
+                weight.update_usage(columnwise_usage=True)
+            return weight
         cached = self._fp8_weight_cache.get(name)
         if is_first_microbatch is False and cached is not None:
             return cached
@@ -148,6 +157,26 @@ class TransformerEngineBaseModule(torch.nn.Module):
         else:
             self._fp8_weight_cache[name] = w_fp8
         return w_fp8
+
+    def make_fp8_parameters(self, names) -> None:
+        """Under fp8_model_init, replaces the parameters ``names`` by Float8Tensor parameters
+        holding only FP8 data (cast with current scaling from each weight's own amax, in
+        the forward format of the model-init recipe). The optimizer's updates re-quantize
+        them in place."""
+        manager = FP8GlobalStateManager
+        if not manager.with_fp8_parameters():
+            return
+        recipe = manager.FP8_MODEL_INIT_RECIPE or get_default_fp8_recipe()
+        fp8_dtype = get_fp8_te_dtype(recipe, True)
+        for name in names:
+            param = getattr(self, name)
+            value = param.detach()
+            # Row-wise only: the transposed copy is made by the first forward that needs it.
+            quantizer = Float8CurrentScalingQuantizer(fp8_dtype, value.device, rowwise=True, columnwise=False)
+            fp8_param = torch.nn.Parameter(quantizer(value), requires_grad=param.requires_grad)
+            if manager.with_high_precision_init_val():
+                _keep_high_precision_init_val(fp8_param, value)
+            setattr(self, name, fp8_param)
 
     # ---- extra state: the FP8 metadata travels with state_dict ----
     def get_extra_state(self) -> dict:
@@ -205,3 +234,19 @@ def record_amax(x: torch.Tensor, step: FP8Step, forward: bool, index: int) -> No
     state = step.fwd_state if forward else step.bwd_state
     if state is not None:
         compute_amax(x, state.current_amax(index))
+
+
+def _keep_high_precision_init_val(param: torch.nn.Parameter, value: torch.Tensor) -> None:
+    """fp8_model_init(preserve_high_precision_init_val=True): the initial value stays on the
+    CPU, reachable as ``param.get_high_precision_init_val()`` until
+    ``param.clear_high_precision_init_val()`` frees it."""
+    param._high_precision_init_val = value.to("cpu", copy=True)
+
+    def get_high_precision_init_val():
+        return param._high_precision_init_val
+
+    def clear_high_precision_init_val():
+        param._high_precision_init_val = None
+
+    param.get_high_precision_init_val = get_high_precision_init_val
+    param.clear_high_precision_init_val = clear_high_precision_init_val

@@ -17,6 +17,7 @@ import torch
 
 from transformer_engine.pytorch.cpp_extensions import general_gemm
 from transformer_engine.pytorch.fp8 import FP8GlobalStateManager
+from transformer_engine.pytorch.tensor import Float8TensorBase
 from transformer_engine.pytorch.module.base import (
     FP8Step,
     TransformerEngineBaseModule,
@@ -103,7 +104,10 @@ class _LinearFunction(torch.autograd.Function):
                                use_split_accumulator=bool(split and split.use_split_accumulator))[0]
             saved_x, saved_w = (x_fp8 if need_wgrad else None), (w_fp8 if need_dgrad else None)
         else:
-            w = weight.to(dtype) if weight.dtype != dtype else weight
+            if isinstance(weight, Float8TensorBase):
+                w = weight.dequantize(dtype=dtype)
+            else:
+                w = weight.to(dtype) if weight.dtype != dtype else weight
             if step.calibrating:
                 record_amax(x, step, True, 0)
                 record_amax(w, step, True, 1)
@@ -239,6 +243,7 @@ class Linear(TransformerEngineBaseModule):
                                             torch.nn.Parameter(bias_value[offset:offset + rows].clone()))
                     self._bias_names.append(f"{part}_bias")
                 offset += rows
+        self.make_fp8_parameters(self._weight_names)
 
     # ---- parameters as the GEMM sees them ----
     def _joined(self, names):
