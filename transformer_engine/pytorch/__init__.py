@@ -14,7 +14,7 @@ from transformer_engine.pytorch.fp8 import (
     fp8_model_init,
     is_fp8_available,
 )
-from transformer_engine.pytorch.module import LayerNorm, Linear, RMSNorm
+from transformer_engine.pytorch.module import LayerNorm, LayerNormLinear, Linear, RMSNorm
 from transformer_engine.pytorch.tensor import (
     Float8CurrentScalingQuantizer,
     Float8Quantizer,
@@ -29,6 +29,7 @@ __all__ = [
     "Float8Quantizer",
     "Float8Tensor",
     "LayerNorm",
+    "LayerNormLinear",
     "Linear",
     "QuantizedTensor",
     "RMSNorm",

@@ -85,40 +85,102 @@ def hp_wgrad(x: torch.Tensor, dy: torch.Tensor, out: Optional[torch.Tensor] = No
     return grad
 
 
+def linear_gemm_forward(module: TransformerEngineBaseModule, step: FP8Step, x: torch.Tensor, weight, bias,
+                        dtype: torch.dtype, is_first_microbatch: Optional[bool], need_wgrad: bool, need_dgrad: bool,
+                        x_fp8: Optional[Float8TensorBase] = None, weight_name: str = "weight",
+                        index: int = 0):
+    """The forward GEMM of a linear layer on the 2-D input ``x`` (already in ``dtype``) or its
+    FP8 cast ``x_fp8`` (made by a fused norm); the input is forward tensor ``index`` and the
+    weight ``index + 1``. Returns (out, what the wgrad GEMM needs, what the dgrad GEMM needs)."""
+    if step.fp8:
+        if x_fp8 is None:
+            check_fp8_dims(x, "the input")
+            x_fp8 = cast_to_fp8(x, step, index, rowwise=True, columnwise=need_wgrad)
+        w_fp8 = module.fp8_weight(weight_name, weight, dtype, step, index + 1, is_first_microbatch,
+                                  columnwise=need_dgrad)
+        out = general_gemm(w_fp8, x_fp8, get_workspace(w_fp8.device), out_dtype=dtype, bias=bias, layout="TN",
+                           use_split_accumulator=_split(step, "fp8_gemm_fprop", default=False))[0]
+        return out, (x_fp8 if need_wgrad else None), (w_fp8 if need_dgrad else None)
+    if isinstance(weight, Float8TensorBase):
+        w = weight.dequantize(dtype=dtype)
+    else:
+        w = weight.to(dtype) if weight.dtype != dtype else weight
+    if step.calibrating:
+        record_amax(x, step, True, index)
+        record_amax(w, step, True, index + 1)
+    out = hp_linear_forward(w, x, bias)
+    return out, (x if need_wgrad else None), (w if need_dgrad else None)
+
+
+def linear_gemm_backward(step: FP8Step, dy: torch.Tensor, saved_x, saved_w, weight, dtype: torch.dtype,
+                         need_wgrad: bool, need_dgrad: bool, fuse_wgrad_accumulation: bool, index: int = 0):
+    """dgrad and wgrad of a linear layer from its output gradient ``dy`` (2-D, ``dtype``),
+    cast to FP8 (backward tensor ``index``) under FP8. Returns (dx, dw); dw is None when it
+    went into ``weight.main_grad`` (fuse_wgrad_accumulation)."""
+    main_grad = getattr(weight, "main_grad", None) if fuse_wgrad_accumulation else None
+    if fuse_wgrad_accumulation and need_wgrad and main_grad is None:
+        raise RuntimeError("fuse_wgrad_accumulation=True needs weight.main_grad, a pre-allocated buffer of "
+                           f"the weight's shape {tuple(weight.shape)} to accumulate into")
+    dx = dw = None
+    if step.fp8:
+        dy_fp8 = cast_to_fp8(dy, step, index, forward=False, rowwise=need_dgrad, columnwise=need_wgrad)
+        ws = get_workspace(dy.device)
+        if need_dgrad:
+            dx = general_gemm(saved_w, dy_fp8, ws, out_dtype=dtype, layout="NN",
+                              use_split_accumulator=_split(step, "fp8_gemm_dgrad"))[0]
+        if need_wgrad:
+            if main_grad is not None:
+                general_gemm(saved_x, dy_fp8, ws, out_dtype=main_grad.dtype, layout="NT", out=main_grad,
+                             accumulate=True, use_split_accumulator=_split(step, "fp8_gemm_wgrad"))
+            else:
+                dw = general_gemm(saved_x, dy_fp8, ws, out_dtype=dtype, layout="NT",
+                                  use_split_accumulator=_split(step, "fp8_gemm_wgrad"))[0]
+    else:
+        if step.calibrating:
+            record_amax(dy, step, False, index)
+        if need_dgrad:
+            dx = hp_dgrad(saved_w, dy)
+        if need_wgrad:
+            if main_grad is not None:
+                hp_wgrad(saved_x, dy, out=main_grad)
+            else:
+                dw = hp_wgrad(saved_x, dy)
+    if main_grad is not None and need_wgrad:
+        # Megatron-style optimizers read main_grad and check this flag.
+        weight.grad_added_to_main_grad = True
+    if dw is not None and dw.dtype != weight.dtype:
+        dw = dw.to(weight.dtype)
+    return dx, dw
+
+
+def finish_backward(step: FP8Step) -> None:
+    """End of a module's backward: its backward state waits for the update, which the
+    first FP8 module of the autocast (whose backward runs last) triggers."""
+    if step.bwd_state is None:
+        return
+    FP8GlobalStateManager.add_backward_state(step.bwd_state)
+    if step.first_module:
+        FP8GlobalStateManager.reduce_and_update_fp8_tensors(forward=False, recipe=step.recipe)
+
+
+def to_2d(t: torch.Tensor, cols: int, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` as a contiguous [rows, cols] matrix in ``dtype``."""
+    t = t.reshape(-1, cols)
+    return (t.to(dtype) if t.dtype != dtype else t).contiguous()
+
+
 class _LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, weight, inp, bias, module: "Linear", step: FP8Step, dtype: torch.dtype,
                 is_first_microbatch: Optional[bool]):
-        in_features = weight.shape[1]
-        x = inp.reshape(-1, in_features)
-        x = x.to(dtype) if x.dtype != dtype else x
-        x = x.contiguous()
+        x = to_2d(inp, weight.shape[1], dtype)
         b = bias.to(dtype) if bias is not None and bias.dtype != dtype else bias
         need_wgrad, need_dgrad = weight.requires_grad, inp.requires_grad
-        if step.fp8:
-            check_fp8_dims(x, "the input")
-            x_fp8 = cast_to_fp8(x, step, 0, rowwise=True, columnwise=need_wgrad)
-            w_fp8 = module.fp8_weight("weight", weight, dtype, step, 1, is_first_microbatch, columnwise=need_dgrad)
-            split = getattr(step.recipe, "fp8_gemm_fprop", None)
-            out = general_gemm(w_fp8, x_fp8, get_workspace(x.device), out_dtype=dtype, bias=b, layout="TN",
-                               use_split_accumulator=bool(split and split.use_split_accumulator))[0]
-            saved_x, saved_w = (x_fp8 if need_wgrad else None), (w_fp8 if need_dgrad else None)
-        else:
-            if isinstance(weight, Float8TensorBase):
-                w = weight.dequantize(dtype=dtype)
-            else:
-                w = weight.to(dtype) if weight.dtype != dtype else weight
-            if step.calibrating:
-                record_amax(x, step, True, 0)
-                record_amax(w, step, True, 1)
-            out = hp_linear_forward(w, x, b)
-            saved_x, saved_w = (x if need_wgrad else None), (w if need_dgrad else None)
+        out, saved_x, saved_w = linear_gemm_forward(module, step, x, weight, b, dtype, is_first_microbatch,
+                                                    need_wgrad, need_dgrad)
         ctx.saved = (saved_x, saved_w)
-        ctx.weight = weight
-        ctx.module_step = step
-        ctx.dtype = dtype
+        ctx.weight, ctx.step, ctx.dtype = weight, step, dtype
         ctx.inp_shape, ctx.inp_dtype = inp.shape, inp.dtype
-        ctx.has_bias = bias is not None
         ctx.bias_dtype = bias.dtype if bias is not None else None
         ctx.fuse_wgrad_accumulation = module.fuse_wgrad_accumulation
         ctx.needs = (need_wgrad, need_dgrad)
@@ -126,61 +188,24 @@ class _LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        saved_x, saved_w = ctx.saved
-        ctx.saved = None
-        step: FP8Step = ctx.module_step
+        (saved_x, saved_w), ctx.saved = ctx.saved, None
         weight = ctx.weight
-        need_wgrad, need_dgrad = ctx.needs
-        dy = grad_out.reshape(-1, weight.shape[0])
-        dy = (dy.to(ctx.dtype) if dy.dtype != ctx.dtype else dy).contiguous()
-        dbias = dy.sum(0).to(ctx.bias_dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        main_grad = getattr(weight, "main_grad", None) if ctx.fuse_wgrad_accumulation else None
-        if ctx.fuse_wgrad_accumulation and need_wgrad and main_grad is None:
-            raise RuntimeError("fuse_wgrad_accumulation=True needs weight.main_grad, a pre-allocated buffer of "
-                               f"the weight's shape {tuple(weight.shape)} to accumulate into")
-        dx = dw = None
-        if step.fp8:
-            dy_fp8 = cast_to_fp8(dy, step, 0, forward=False, rowwise=need_dgrad, columnwise=need_wgrad)
-            ws = get_workspace(dy.device)
-            if need_dgrad:
-                dx = general_gemm(saved_w, dy_fp8, ws, out_dtype=ctx.dtype, layout="NN",
-                                  use_split_accumulator=_split(step, "fp8_gemm_dgrad"))[0]
-            if need_wgrad:
-                if main_grad is not None:
-                    general_gemm(saved_x, dy_fp8, ws, out_dtype=main_grad.dtype, layout="NT", out=main_grad,
-                                 accumulate=True, use_split_accumulator=_split(step, "fp8_gemm_wgrad"))
-                else:
-                    dw = general_gemm(saved_x, dy_fp8, ws, out_dtype=ctx.dtype, layout="NT",
-                                      use_split_accumulator=_split(step, "fp8_gemm_wgrad"))[0]
-            if step.bwd_state is not None:
-                FP8GlobalStateManager.add_backward_state(step.bwd_state)
-                if step.first_module:
-                    FP8GlobalStateManager.reduce_and_update_fp8_tensors(forward=False, recipe=step.recipe)
-        else:
-            if step.calibrating:
-                record_amax(dy, step, False, 0)
-                FP8GlobalStateManager.add_backward_state(step.bwd_state)
-            if need_dgrad:
-                dx = hp_dgrad(saved_w, dy)
-            if need_wgrad:
-                if main_grad is not None:
-                    hp_wgrad(saved_x, dy, out=main_grad)
-                else:
-                    dw = hp_wgrad(saved_x, dy)
-        if main_grad is not None and need_wgrad:
-            # Megatron-style optimizers read main_grad and check this flag.
-            weight.grad_added_to_main_grad = True
-        if dw is not None and dw.dtype != weight.dtype:
-            dw = dw.to(weight.dtype)
+        dy = to_2d(grad_out, weight.shape[0], ctx.dtype)
+        dbias = dy.sum(0).to(ctx.bias_dtype) if ctx.bias_dtype is not None and ctx.needs_input_grad[2] else None
+        dx, dw = linear_gemm_backward(ctx.step, dy, saved_x, saved_w, weight, ctx.dtype, *ctx.needs,
+                                      ctx.fuse_wgrad_accumulation)
+        finish_backward(ctx.step)
         if dx is not None:
             dx = dx.view(ctx.inp_shape)
             dx = dx.to(ctx.inp_dtype) if dx.dtype != ctx.inp_dtype else dx
         return dw, dx, dbias, None, None, None, None
 
 
-def _split(step: FP8Step, gemm: str) -> bool:
+def _split(step: FP8Step, gemm: str, default: bool = True) -> bool:
+    """The recipe's split-accumulator choice for one GEMM (Float8CurrentScaling sets it per
+    GEMM; DelayedScaling uses Transformer Engine's defaults: off in fprop, on in backward)."""
     params = getattr(step.recipe, gemm, None)
-    return True if params is None else bool(params.use_split_accumulator)
+    return default if params is None else bool(params.use_split_accumulator)
 
 
 class Linear(TransformerEngineBaseModule):
@@ -256,20 +281,25 @@ class Linear(TransformerEngineBaseModule):
     def full_bias(self) -> Optional[torch.Tensor]:
         return self._joined(self._bias_names) if self.use_bias else None
 
+    def check_input_and_parameters(self, inp, owner: str):
+        """Checks the input against the layer; returns the (joined) weight and bias."""
+        if not isinstance(inp, torch.Tensor):
+            raise TypeError(f"{owner}: inp must be a torch.Tensor, got {type(inp).__name__}")
+        if inp.dim() == 0 or inp.shape[-1] != self.in_features:
+            raise ValueError(f"{owner}: inp's last dimension must be in_features={self.in_features}, "
+                             f"got shape {tuple(inp.shape)}")
+        if inp.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise TypeError(f"{owner}: inp must be float32, float16 or bfloat16, got {inp.dtype}")
+        weight, bias = self.full_weight(), self.full_bias()
+        if inp.device != weight.device:
+            raise ValueError(f"{owner}: inp is on {inp.device} but the parameters are on {weight.device}")
+        return weight, bias
+
     def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None,
                 fp8_output: bool = False, fp8_grad: bool = False):
         if fp8_output or fp8_grad:
             raise NotImplementedError("Linear: fp8_output / fp8_grad are not implemented in OpenTE yet")
-        if not isinstance(inp, torch.Tensor):
-            raise TypeError(f"Linear: inp must be a torch.Tensor, got {type(inp).__name__}")
-        if inp.dim() == 0 or inp.shape[-1] != self.in_features:
-            raise ValueError(f"Linear: inp's last dimension must be in_features={self.in_features}, "
-                             f"got shape {tuple(inp.shape)}")
-        weight, bias = self.full_weight(), self.full_bias()
-        if inp.device != weight.device:
-            raise ValueError(f"Linear: inp is on {inp.device} but the parameters are on {weight.device}")
-        if not inp.is_floating_point() or inp.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            raise TypeError(f"Linear: inp must be float32, float16 or bfloat16, got {inp.dtype}")
+        weight, bias = self.check_input_and_parameters(inp, "Linear")
         step = self.prepare_forward(inp.device)
         dtype = activation_dtype_of(inp)
         fused_bias = bias if not self.return_bias else None

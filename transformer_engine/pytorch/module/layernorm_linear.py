@@ -1,0 +1,144 @@
+"""te.LayerNormLinear: a LayerNorm (or RMSNorm) followed by a Linear, with the norm writing
+FP8 straight from its kernel under delayed scaling (one pass over the activations instead
+of a norm, then a separate cast)."""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Optional, Tuple, Union
+
+import torch
+
+from transformer_engine.common.recipe import DelayedScaling
+from transformer_engine.pytorch.fp8 import get_fp8_te_dtype
+from transformer_engine.pytorch.module._norm import check_normalization, make_norm_parameters, norm_backward, norm_forward
+from transformer_engine.pytorch.module.base import FP8Step, activation_dtype_of, check_fp8_dims
+from transformer_engine.pytorch.module.linear import (
+    Linear,
+    finish_backward,
+    linear_gemm_backward,
+    linear_gemm_forward,
+    to_2d,
+)
+
+__all__ = ["LayerNormLinear"]
+
+
+def norm_then_maybe_fp8(step: FP8Step, normalization: str, x: torch.Tensor, ln_weight, ln_bias, eps: float,
+                        zero_centered_gamma: bool, need_hp_out: bool, need_wgrad: bool):
+    """The norm of ``x`` for a following GEMM: (high-precision output or None, FP8 output or
+    None, mu, rsigma). Under delayed scaling the norm kernel casts to FP8 itself (forward
+    tensor 0); a high-precision copy is made only when asked for or when the recipe needs
+    the amax before the cast (current scaling casts in the GEMM step)."""
+    if step.fp8 and isinstance(step.recipe, DelayedScaling) and not need_hp_out:
+        check_fp8_dims(x, "the input")
+        state = step.fwd_state
+        ln_fp8, mu, rsigma = norm_forward(normalization, x, ln_weight, ln_bias, eps, zero_centered_gamma,
+                                          fp8_dtype=get_fp8_te_dtype(step.recipe, True), scale=state.scale[0:1],
+                                          amax=state.current_amax(0), columnwise=need_wgrad)
+        return None, ln_fp8, mu, rsigma
+    ln_out, mu, rsigma = norm_forward(normalization, x, ln_weight, ln_bias, eps, zero_centered_gamma)
+    return ln_out, None, mu, rsigma
+
+
+class _LayerNormLinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, weight, ln_weight, ln_bias, inp, bias, module: "LayerNormLinear", step: FP8Step,
+                dtype: torch.dtype, is_first_microbatch: Optional[bool]):
+        x = to_2d(inp, module.in_features, dtype)
+        b = bias.to(dtype) if bias is not None and bias.dtype != dtype else bias
+        need_wgrad, need_dgrad = weight.requires_grad, True  # the norm's backward needs the dgrad
+        ln_out, ln_fp8, mu, rsigma = norm_then_maybe_fp8(
+            step, module.normalization, x, ln_weight, ln_bias, module.eps, module.zero_centered_gamma,
+            module.return_layernorm_output, need_wgrad)
+        out, saved_x, saved_w = linear_gemm_forward(module, step, ln_out, weight, b, dtype, is_first_microbatch,
+                                                    need_wgrad, need_dgrad, x_fp8=ln_fp8)
+        ctx.saved = (saved_x, saved_w, x, mu, rsigma)
+        ctx.weight, ctx.ln_weight, ctx.step, ctx.dtype, ctx.module = weight, ln_weight, step, dtype, module
+        ctx.inp_shape, ctx.inp_dtype = inp.shape, inp.dtype
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        out = out.view(*inp.shape[:-1], weight.shape[0])
+        if module.return_layernorm_output:
+            return out, ln_out.view(inp.shape)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_ln_out=None):
+        (saved_x, saved_w, x, mu, rsigma), ctx.saved = ctx.saved, None
+        module, weight = ctx.module, ctx.weight
+        dy = to_2d(grad_out, weight.shape[0], ctx.dtype)
+        dbias = dy.sum(0).to(ctx.bias_dtype) if ctx.bias_dtype is not None and ctx.needs_input_grad[4] else None
+        d_ln_out, dw = linear_gemm_backward(ctx.step, dy, saved_x, saved_w, weight, ctx.dtype,
+                                            weight.requires_grad, True, module.fuse_wgrad_accumulation)
+        if grad_ln_out is not None:
+            d_ln_out = d_ln_out + to_2d(grad_ln_out, module.in_features, ctx.dtype)
+        dx, d_ln_weight, d_ln_bias = norm_backward(module.normalization, d_ln_out.contiguous(), x, mu, rsigma,
+                                                   ctx.ln_weight, module.zero_centered_gamma)
+        finish_backward(ctx.step)
+        dx = dx.view(ctx.inp_shape)
+        dx = dx.to(ctx.inp_dtype) if dx.dtype != ctx.inp_dtype else dx
+        return dw, d_ln_weight, d_ln_bias, dx, dbias, None, None, None, None
+
+
+class LayerNormLinear(Linear):
+    """``y = norm(x) W^T + b``: LayerNorm or RMSNorm (``normalization``) then a Linear, with
+    parameters ``layer_norm_weight`` (``layer_norm_bias``), ``weight``, ``bias``. Options as
+    Linear, plus ``eps``, ``zero_centered_gamma``, ``return_layernorm_output``."""
+
+    def __init__(self, in_features: int, out_features: int, eps: float = 1e-5, sequence_parallel: bool = False,
+                 fuse_wgrad_accumulation: bool = False, tp_group=None, tp_size: int = 1,
+                 get_rng_state_tracker: Optional[Callable] = None, init_method: Optional[Callable] = None,
+                 bias: bool = True, normalization: str = "LayerNorm", return_bias: bool = False,
+                 params_dtype: Optional[torch.dtype] = None, parallel_mode: Optional[str] = None,
+                 return_layernorm_output: bool = False, return_layernorm_output_gathered: bool = False,
+                 parameters_split: Optional[Union[Tuple[str, ...], Dict[str, int]]] = None,
+                 zero_centered_gamma: bool = False, device: Union[torch.device, str, None] = None,
+                 ub_overlap_ag: bool = False, ub_overlap_rs: bool = False, ub_overlap_rs_dgrad: bool = False,
+                 ub_bulk_wgrad: bool = False, ub_bulk_dgrad: bool = False, ub_name: Optional[str] = None,
+                 delay_wgrad_compute: bool = False, symmetric_ar_type: Optional[str] = None,
+                 name: Optional[str] = None):
+        check_normalization(normalization, "LayerNormLinear")
+        super().__init__(in_features, out_features, sequence_parallel=sequence_parallel,
+                         fuse_wgrad_accumulation=fuse_wgrad_accumulation, tp_group=tp_group, tp_size=tp_size,
+                         get_rng_state_tracker=get_rng_state_tracker, init_method=init_method, bias=bias,
+                         return_bias=return_bias, params_dtype=params_dtype, parallel_mode=parallel_mode,
+                         parameters_split=parameters_split, device=device, ub_overlap_ag=ub_overlap_ag,
+                         ub_overlap_rs=ub_overlap_rs, ub_overlap_rs_dgrad=ub_overlap_rs_dgrad,
+                         ub_bulk_dgrad=ub_bulk_dgrad, ub_bulk_wgrad=ub_bulk_wgrad, ub_name=ub_name,
+                         delay_wgrad_compute=delay_wgrad_compute, symmetric_ar_type=symmetric_ar_type, name=name)
+        if not isinstance(eps, (int, float)) or eps < 0:
+            raise ValueError(f"LayerNormLinear: eps must be a number >= 0, got {eps!r}")
+        self.eps, self.normalization = float(eps), normalization
+        self.zero_centered_gamma = bool(zero_centered_gamma)
+        self.return_layernorm_output = bool(return_layernorm_output)
+        self.return_layernorm_output_gathered = bool(return_layernorm_output_gathered)
+        make_norm_parameters(self, in_features, normalization, self.zero_centered_gamma, self.params_dtype,
+                             self.weight_device, prefix="layer_norm_")
+        # Transformer Engine's parameter order: the norm's first.
+        order = ["layer_norm_weight", "layer_norm_bias"]
+        self._parameters = dict(
+            [(k, self._parameters[k]) for k in order] + [(k, v) for k, v in self._parameters.items() if k not in order])
+
+    @property
+    def weight_device(self) -> torch.device:
+        return getattr(self, self._weight_names[0]).device
+
+    def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None,
+                fp8_output: bool = False, fp8_grad: bool = False):
+        if fp8_output or fp8_grad:
+            raise NotImplementedError("LayerNormLinear: fp8_output / fp8_grad are not implemented in OpenTE yet")
+        weight, bias = self.check_input_and_parameters(inp, "LayerNormLinear")
+        step = self.prepare_forward(inp.device)
+        dtype = activation_dtype_of(inp)
+        fused_bias = bias if not self.return_bias else None
+        result = _LayerNormLinearFunction.apply(weight, self.layer_norm_weight, self.layer_norm_bias, inp, fused_bias,
+                                                self, step, dtype, is_first_microbatch)
+        out, ln_out = result if self.return_layernorm_output else (result, None)
+        outputs = [out]
+        if self.return_bias:
+            outputs.append(bias.to(dtype) if bias is not None else None)
+        if self.return_layernorm_output:
+            outputs.append(ln_out)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, normalization={self.normalization}, eps={self.eps}"
