@@ -1,7 +1,6 @@
 """transformer_engine.pytorch: the PyTorch front end.
 
-Modules: ``Linear`` (LayerNorm, RMSNorm, LayerNormLinear, LayerNormMLP arrive with the
-rest of the front-end work). FP8 state: ``fp8_autocast`` (and its newer name
+Modules: ``Linear``, ``LayerNorm``, ``RMSNorm``, ``LayerNormLinear``, ``LayerNormMLP``. FP8 state: ``fp8_autocast`` (and its newer name
 ``autocast``), ``fp8_model_init``. The core ops are reachable through
 ``transformer_engine.pytorch.cpp_extensions``.
 """
@@ -14,7 +13,7 @@ from transformer_engine.pytorch.fp8 import (
     fp8_model_init,
     is_fp8_available,
 )
-from transformer_engine.pytorch.module import LayerNorm, LayerNormLinear, Linear, RMSNorm
+from transformer_engine.pytorch.module import LayerNorm, LayerNormLinear, LayerNormMLP, Linear, RMSNorm
 from transformer_engine.pytorch.tensor import (
     Float8CurrentScalingQuantizer,
     Float8Quantizer,
@@ -30,6 +29,7 @@ __all__ = [
     "Float8Tensor",
     "LayerNorm",
     "LayerNormLinear",
+    "LayerNormMLP",
     "Linear",
     "QuantizedTensor",
     "RMSNorm",

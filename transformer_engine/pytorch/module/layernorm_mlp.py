@@ -1,0 +1,221 @@
+"""te.LayerNormMLP: norm -> fc1 -> activation -> fc2, the transformer block's MLP.
+
+Under FP8 every producer writes the FP8 its consumer reads: the norm kernel casts its
+output (delayed scaling), the activation kernel writes fc2's FP8 input with its amax,
+and the backward casts each gradient once, in both layouts, for the two GEMMs that read it.
+
+FP8 metadata: forward tensors 0 norm output, 1 fc1 weight, 2 activation output, 3 fc2
+weight; backward tensors 0 fc2's output gradient, 1 fc1's output gradient.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Union
+
+import torch
+
+from transformer_engine.common.recipe import DelayedScaling
+from transformer_engine.pytorch import cpp_extensions as ext
+from transformer_engine.pytorch.fp8 import get_fp8_te_dtype
+from transformer_engine.pytorch.module._norm import check_normalization, make_norm_parameters, norm_backward
+from transformer_engine.pytorch.module.base import (
+    FP8Step,
+    TransformerEngineBaseModule,
+    activation_dtype_of,
+    cast_to_fp8,
+    default_device,
+)
+from transformer_engine.pytorch.module.layernorm_linear import norm_then_maybe_fp8
+from transformer_engine.pytorch.module.linear import (
+    default_init_method,
+    finish_backward,
+    linear_gemm_backward,
+    linear_gemm_forward,
+    to_2d,
+)
+
+__all__ = ["LayerNormMLP"]
+
+# name: (forward, backward, gated)
+ACTIVATIONS = {
+    "gelu": (ext.gelu, ext.dgelu, False),
+    "qgelu": (ext.qgelu, ext.dqgelu, False),
+    "relu": (ext.relu, ext.drelu, False),
+    "srelu": (ext.srelu, ext.dsrelu, False),
+    "silu": (ext.silu, ext.dsilu, False),
+    "geglu": (ext.geglu, ext.dgeglu, True),
+    "qgeglu": (ext.qgeglu, ext.dqgeglu, True),
+    "reglu": (ext.reglu, ext.dreglu, True),
+    "sreglu": (ext.sreglu, ext.dsreglu, True),
+    "swiglu": (ext.swiglu, ext.dswiglu, True),
+}
+
+
+def activation_forward(step: FP8Step, activation: str, fc1_out: torch.Tensor, need_wgrad: bool):
+    """(high-precision output or None, FP8 output or None) of the activation as fc2's input
+    (forward tensor 2). Delayed scaling: the kernel writes FP8 with the state's scale and
+    raises its amax; current scaling needs the amax first, so it casts afterwards."""
+    act_fwd = ACTIVATIONS[activation][0]
+    if step.fp8 and isinstance(step.recipe, DelayedScaling):
+        state = step.fwd_state
+        act_fp8 = act_fwd(fc1_out, fp8_dtype=get_fp8_te_dtype(step.recipe, True), scale=state.scale[2:3],
+                          amax=state.current_amax(2), columnwise=need_wgrad)
+        return None, act_fp8
+    act_out = act_fwd(fc1_out)
+    if step.fp8:
+        return None, cast_to_fp8(act_out, step, 2, rowwise=True, columnwise=need_wgrad)
+    return act_out, None
+
+
+class _LayerNormMLPFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, ln_weight, ln_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias, inp,
+                module: "LayerNormMLP", step: FP8Step, dtype: torch.dtype, is_first_microbatch: Optional[bool]):
+        x = to_2d(inp, module.hidden_size, dtype)
+        b1 = fc1_bias.to(dtype) if fc1_bias is not None and fc1_bias.dtype != dtype else fc1_bias
+        b2 = fc2_bias.to(dtype) if fc2_bias is not None and fc2_bias.dtype != dtype else fc2_bias
+        w1_grad, w2_grad = fc1_weight.requires_grad, fc2_weight.requires_grad
+        ln_out, ln_fp8, mu, rsigma = norm_then_maybe_fp8(
+            step, module.normalization, x, ln_weight, ln_bias, module.eps, module.zero_centered_gamma,
+            module.return_layernorm_output, w1_grad)
+        fc1_out, saved_ln, saved_w1 = linear_gemm_forward(module, step, ln_out, fc1_weight, b1, dtype,
+                                                          is_first_microbatch, w1_grad, True, x_fp8=ln_fp8,
+                                                          weight_name="fc1_weight", index=0)
+        act_out, act_fp8 = activation_forward(step, module.activation, fc1_out, w2_grad)
+        out, saved_act, saved_w2 = linear_gemm_forward(module, step, act_out, fc2_weight, b2, dtype,
+                                                       is_first_microbatch, w2_grad, True, x_fp8=act_fp8,
+                                                       weight_name="fc2_weight", index=2)
+        ctx.saved = (x, mu, rsigma, saved_ln, saved_w1, fc1_out, saved_act, saved_w2)
+        ctx.weights = (ln_weight, fc1_weight, fc2_weight)
+        ctx.bias_dtypes = (fc1_bias.dtype if fc1_bias is not None else None,
+                           fc2_bias.dtype if fc2_bias is not None else None)
+        ctx.module, ctx.step, ctx.dtype = module, step, dtype
+        ctx.inp_shape, ctx.inp_dtype = inp.shape, inp.dtype
+        out = out.view(*inp.shape[:-1], module.hidden_size)
+        if module.return_layernorm_output:
+            return out, ln_out.view(inp.shape)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_ln_out=None):
+        (x, mu, rsigma, saved_ln, saved_w1, fc1_out, saved_act, saved_w2), ctx.saved = ctx.saved, None
+        module, step, dtype = ctx.module, ctx.step, ctx.dtype
+        ln_weight, fc1_weight, fc2_weight = ctx.weights
+        b1_dtype, b2_dtype = ctx.bias_dtypes
+        fuse = module.fuse_wgrad_accumulation
+        dy = to_2d(grad_out, module.hidden_size, dtype)
+        d_b2 = dy.sum(0).to(b2_dtype) if b2_dtype is not None and ctx.needs_input_grad[5] else None
+        d_act, d_w2 = linear_gemm_backward(step, dy, saved_act, saved_w2, fc2_weight, dtype,
+                                           fc2_weight.requires_grad, True, fuse, index=0)
+        d_fc1_out = ACTIVATIONS[module.activation][1](d_act, fc1_out)
+        d_b1 = d_fc1_out.sum(0).to(b1_dtype) if b1_dtype is not None and ctx.needs_input_grad[3] else None
+        d_ln_out, d_w1 = linear_gemm_backward(step, d_fc1_out, saved_ln, saved_w1, fc1_weight, dtype,
+                                              fc1_weight.requires_grad, True, fuse, index=1)
+        if grad_ln_out is not None:
+            d_ln_out = d_ln_out + to_2d(grad_ln_out, module.hidden_size, dtype)
+        dx, d_ln_w, d_ln_b = norm_backward(module.normalization, d_ln_out.contiguous(), x, mu, rsigma, ln_weight,
+                                           module.zero_centered_gamma)
+        finish_backward(step)
+        dx = dx.view(ctx.inp_shape)
+        dx = dx.to(ctx.inp_dtype) if dx.dtype != ctx.inp_dtype else dx
+        return d_ln_w, d_ln_b, d_w1, d_b1, d_w2, d_b2, dx, None, None, None, None
+
+
+class LayerNormMLP(TransformerEngineBaseModule):
+    """``fc2(act(fc1(norm(x))))``. Parameters ``layer_norm_weight`` (``layer_norm_bias``),
+    ``fc1_weight`` [ffn_hidden_size (x2 for gated activations), hidden_size], ``fc1_bias``,
+    ``fc2_weight`` [hidden_size, ffn_hidden_size], ``fc2_bias``. ``activation``: gelu, qgelu,
+    relu, srelu, silu, geglu, qgeglu, reglu, sreglu, swiglu."""
+
+    num_fp8_fwd = 4
+    num_fp8_bwd = 2
+
+    def __init__(self, hidden_size: int, ffn_hidden_size: int, eps: float = 1e-5, sequence_parallel: bool = False,
+                 return_bias: bool = False, get_rng_state_tracker: Optional[Callable] = None, tp_group=None,
+                 tp_size: int = 1, init_method: Optional[Callable] = None, bias: bool = True,
+                 normalization: str = "LayerNorm", activation: str = "gelu",
+                 output_layer_init_method: Optional[Callable] = None, fuse_wgrad_accumulation: bool = False,
+                 params_dtype: Optional[torch.dtype] = None, return_layernorm_output: bool = False,
+                 return_layernorm_output_gathered: bool = False, seq_length: Optional[int] = None,
+                 micro_batch_size: Optional[int] = None, set_parallel_mode: bool = False,
+                 zero_centered_gamma: bool = False, device: Union[torch.device, str, None] = None,
+                 ub_overlap_ag: bool = False, name: Optional[str] = None, ub_overlap_rs: bool = False,
+                 ub_overlap_rs_dgrad: bool = False, ub_bulk_dgrad: bool = False, ub_bulk_wgrad: bool = False,
+                 delay_wgrad_compute: bool = False, symmetric_ar_type: Optional[str] = None,
+                 activation_params: Optional[dict] = None, checkpoint: bool = False):
+        super().__init__(tp_group=tp_group, tp_size=tp_size, sequence_parallel=sequence_parallel,
+                         parallel_mode="column" if set_parallel_mode else None)
+        for flag, value in (("ub_overlap_ag", ub_overlap_ag), ("ub_overlap_rs", ub_overlap_rs),
+                            ("ub_overlap_rs_dgrad", ub_overlap_rs_dgrad), ("ub_bulk_dgrad", ub_bulk_dgrad),
+                            ("ub_bulk_wgrad", ub_bulk_wgrad), ("delay_wgrad_compute", delay_wgrad_compute),
+                            ("checkpoint", checkpoint)):
+            if value:
+                raise NotImplementedError(f"LayerNormMLP: {flag}=True is not implemented in OpenTE yet")
+        if symmetric_ar_type is not None or activation_params:
+            raise NotImplementedError("LayerNormMLP: symmetric_ar_type / activation_params are not implemented "
+                                      "in OpenTE yet")
+        check_normalization(normalization, "LayerNormMLP")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"LayerNormMLP: activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
+        for arg, value in (("hidden_size", hidden_size), ("ffn_hidden_size", ffn_hidden_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"LayerNormMLP: {arg} must be a positive int, got {value!r}")
+        if not isinstance(eps, (int, float)) or eps < 0:
+            raise ValueError(f"LayerNormMLP: eps must be a number >= 0, got {eps!r}")
+        params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
+        if params_dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise TypeError(f"LayerNormMLP: params_dtype must be float32, float16 or bfloat16, got {params_dtype}")
+        device = default_device() if device is None else torch.device(device)
+        self.hidden_size, self.ffn_hidden_size, self.eps = hidden_size, ffn_hidden_size, float(eps)
+        self.normalization, self.activation = normalization, activation
+        self.use_bias, self.return_bias = bool(bias), bool(return_bias)
+        self.return_layernorm_output = bool(return_layernorm_output)
+        self.return_layernorm_output_gathered = bool(return_layernorm_output_gathered)
+        self.zero_centered_gamma = bool(zero_centered_gamma)
+        self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
+        self.get_rng_state_tracker, self.name = get_rng_state_tracker, name
+        self.seq_length, self.micro_batch_size = seq_length, micro_batch_size
+        self.params_dtype = params_dtype
+
+        make_norm_parameters(self, hidden_size, normalization, self.zero_centered_gamma, params_dtype, device,
+                             prefix="layer_norm_")
+        fc1_rows = ffn_hidden_size * (2 if ACTIVATIONS[activation][2] else 1)
+        init_method = default_init_method if init_method is None else init_method
+        output_layer_init_method = init_method if output_layer_init_method is None else output_layer_init_method
+        for prefix, shape, init in (("fc1", (fc1_rows, hidden_size), init_method),
+                                    ("fc2", (hidden_size, ffn_hidden_size), output_layer_init_method)):
+            weight = torch.empty(shape, dtype=params_dtype, device=device)
+            init(weight)
+            self.register_parameter(f"{prefix}_weight", torch.nn.Parameter(weight))
+            bias_value = torch.zeros(shape[0], dtype=params_dtype, device=device) if self.use_bias else None
+            self.register_parameter(f"{prefix}_bias", torch.nn.Parameter(bias_value) if self.use_bias else None)
+        self.make_fp8_parameters(["fc1_weight", "fc2_weight"])
+
+    def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None):
+        if not isinstance(inp, torch.Tensor):
+            raise TypeError(f"LayerNormMLP: inp must be a torch.Tensor, got {type(inp).__name__}")
+        if inp.dim() == 0 or inp.shape[-1] != self.hidden_size:
+            raise ValueError(f"LayerNormMLP: inp's last dimension must be hidden_size={self.hidden_size}, "
+                             f"got shape {tuple(inp.shape)}")
+        if inp.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise TypeError(f"LayerNormMLP: inp must be float32, float16 or bfloat16, got {inp.dtype}")
+        if inp.device != self.fc1_weight.device:
+            raise ValueError(f"LayerNormMLP: inp is on {inp.device} but the parameters are on "
+                             f"{self.fc1_weight.device}")
+        step = self.prepare_forward(inp.device)
+        dtype = activation_dtype_of(inp)
+        fc2_bias = self.fc2_bias if not self.return_bias else None
+        result = _LayerNormMLPFunction.apply(self.layer_norm_weight, self.layer_norm_bias, self.fc1_weight,
+                                             self.fc1_bias, self.fc2_weight, fc2_bias, inp, self, step, dtype,
+                                             is_first_microbatch)
+        out, ln_out = result if self.return_layernorm_output else (result, None)
+        outputs = [out]
+        if self.return_bias:
+            outputs.append(self.fc2_bias.to(dtype) if self.fc2_bias is not None else None)
+        if self.return_layernorm_output:
+            outputs.append(ln_out)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def extra_repr(self) -> str:
+        return (f"hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "
+                f"activation={self.activation}, normalization={self.normalization}")
