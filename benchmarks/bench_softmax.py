@@ -1,0 +1,105 @@
+"""The softmax ops of the unfused attention path (forward and backward) against the
+device's copy bandwidth and against PyTorch, in one run.
+
+    python3 benchmarks/bench_softmax.py            # needs a CUDA GPU
+
+Bytes counted (bf16, n elements): a forward reads x and writes y (4n), the masked one also
+reads its [b, 1, sq, sk] bool mask; a backward reads dy and y and writes dx (6n). The causal
+kinds read only the kept positions (j <= i + sk - sq) and write all of them, so they count
+2 bytes a kept element per tensor read. The backward runs in place, as Transformer Engine's.
+
+PyTorch does the same work as a user would without the fused op: softmax(x * scale) in bf16
+(fp32 math inside), with masked_fill(mask, -10000) or masked_fill(causal, -inf) first, and
+the autograd backward of that graph (timed as the backward of a saved graph).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from timing import copy_bandwidth, time_pair_us
+
+from transformer_engine import _core
+from transformer_engine.pytorch.cpp_extensions import softmax as S
+
+SCALE = 0.125
+
+
+def kept_elements(sq: int, sk: int, batches: int) -> int:
+    """Kept positions of an aligned causal mask (j <= i + sk - sq) over `batches` matrices."""
+    i = torch.arange(sq, dtype=torch.int64)
+    return int((i + (sk - sq) + 1).clamp(0, sk).sum()) * batches
+
+
+def cases(b: int, h: int, sq: int, sk: int):
+    """(op, shape text, bytes, ours, theirs) for every op at [b, h, sq, sk]."""
+    dev, bf16 = "cuda", torch.bfloat16
+    x = torch.randn(b, h, sq, sk, device=dev, dtype=bf16)
+    n = x.numel()
+    shape = f"[{b}, {h}, {sq}, {sk}]"
+
+    def with_backward(name, fwd_ours, fwd_torch, x_in, nbytes_fwd, nbytes_bwd, bwd_ours, shape_text):
+        y = fwd_ours()
+        dy = torch.randn_like(y)
+        dy_ours = dy.clone()  # the backward overwrites it (in place)
+        xg = x_in.detach().requires_grad_()
+        y_torch = fwd_torch(xg)
+        yield (f"{name} fwd", shape_text, nbytes_fwd, fwd_ours, lambda: fwd_torch(x_in))
+        yield (f"{name} bwd", shape_text, nbytes_bwd, lambda: bwd_ours(dy_ours, y, SCALE),
+               lambda: torch.autograd.grad(y_torch, xg, dy, retain_graph=True))
+
+    yield from with_backward("scaled", lambda: S.scaled_softmax_forward(x, SCALE),
+                             lambda t: torch.softmax(t * SCALE, -1), x, 4 * n, 6 * n, S.scaled_softmax_backward,
+                             shape)
+
+    mask = torch.rand(b, 1, sq, sk, device=dev) < 0.1
+    yield from with_backward("masked", lambda: S.scaled_masked_softmax_forward(x, mask, SCALE),
+                             lambda t: torch.softmax((t * SCALE).masked_fill(mask, -10000.0), -1), x,
+                             4 * n + mask.numel(), 6 * n, S.scaled_masked_softmax_backward, shape)
+
+    causal = torch.ones(sq, sk, device=dev, dtype=torch.bool).triu(sk - sq + 1)
+    kept = kept_elements(sq, sk, b * h)
+    yield from with_backward("aligned causal", lambda: S.scaled_aligned_causal_masked_softmax_forward(x, SCALE),
+                             lambda t: torch.softmax((t * SCALE).masked_fill(causal, float("-inf")), -1), x,
+                             2 * kept + 2 * n, 4 * kept + 2 * n, S.scaled_aligned_causal_masked_softmax_backward,
+                             shape)
+
+    # The upper-triangular op takes [attn_batches, s, s]: square, b * h matrices up to s =
+    # 2048, a single one beyond (16384^2 bf16 is 512 MiB a tensor).
+    s = sk
+    batches = b * h if s <= 2048 else 1
+    xu = torch.randn(batches, s, s, device=dev, dtype=bf16)
+    triu = torch.ones(s, s, device=dev, dtype=torch.bool).triu(1)
+    kept_u = kept_elements(s, s, batches)
+    nu = xu.numel()
+    yield from with_backward("upper triang", lambda: S.scaled_upper_triang_masked_softmax_forward(xu, SCALE),
+                             lambda t: torch.softmax((t * SCALE).masked_fill(triu, float("-inf")), -1), xu,
+                             2 * kept_u + 2 * nu, 4 * kept_u + 2 * nu,
+                             S.scaled_upper_triang_masked_softmax_backward, f"[{batches}, {s}, {s}]")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--shapes", default="4x16x2048x2048,1x16x512x16384",
+                        help="comma-separated b x h x sq x sk (bf16)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available() or not _core.built_with_cuda():
+        raise SystemExit("bench_softmax.py needs a CUDA GPU and a CUDA build of OpenTE")
+    copy_bw = copy_bandwidth(1 << 30, args.iters)
+    print(f"device: {torch.cuda.get_device_name()}  copy bandwidth (read+write, 1 GiB): {copy_bw / 1e9:.0f} GB/s")
+    header = ("op", "shape (bf16)", "OpenTE us", "GB/s", "of copy BW", "PyTorch us", "speed-up")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for b, h, sq, sk in (map(int, s.split("x")) for s in args.shapes.split(",")):
+        for name, shape, nbytes, ours, theirs in cases(b, h, sq, sk):
+            us, torch_us = time_pair_us(ours, theirs, args.iters)
+            bw = nbytes / (us * 1e-6)
+            print(f"| {name} | {shape} | {us:.1f} | {bw / 1e9:.0f} | {bw / copy_bw:.1%} | {torch_us:.1f} "
+                  f"| {torch_us / us:.2f}x |")
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,583 @@
+// The softmax family on the GPU. Memory bound: a forward reads x (and the mask)
+// and writes y once, a backward reads dy and y and writes dx once.
+//
+// Rows that fit in registers take the row kernels: a group of G threads (a power
+// of two; G <= 32 lanes of one warp, or G/32 whole warps) holds one row, each
+// thread kN vectors of kV elements strided by G vectors, so a warp's loads are
+// contiguous. The max and the sum are warp shuffles, plus one exchange through
+// shared memory when a row spans several warps. Blocks hold 128 / G rows when
+// G < 128. That covers sk up to 512 x 8 x 8 = 32768 for 16-bit types in 16-byte
+// vectors (16384 for fp32), 512 x 16 = 8192 element by element. Longer rows take
+// the long-row kernels: one block of 512 threads per row, an online max and sum
+// in one pass over the row and a second pass that writes.
+//
+// kV = 16 / sizeof(T) (16-byte loads and stores) when sk is a multiple of it and
+// the buffers are 16-byte aligned (the mask kV-byte aligned); kV = 1 otherwise.
+// The causal kinds load only the kept prefix of a row and store zeros past it.
+//
+// Registers (ptxas, sm_90a): at bf16 sk = 2048 (a warp per row, 8 vectors a
+// thread) the forward takes 73 (91 with a mask), the backward 106, no spills:
+// 16 to 24 warps an SM, each thread with 128 or 256 bytes of loads in flight.
+//
+// In-place backward (grad_input == grad_output): every thread reads all of its
+// elements of dy before the row's reduction and writes dx only at those same
+// positions after it, so no thread overwrites what another still has to read.
+#include <math.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "common/cuda_elements.cuh"
+#include "common/cuda_utils.h"
+#include "common/dtype.h"
+#include "ops/softmax/softmax_params.h"
+
+namespace opente {
+namespace {
+
+// Row groups span up to 512 threads (__launch_bounds__ leaves 128 registers a
+// thread), and blocks have at least 128.
+constexpr int kMaxThreadsPerRow = 512;
+constexpr int kMinBlockThreads = 128;
+constexpr int kLongRowThreads = 512;
+// At most 512 / 32 warps meet in a block-wide reduction.
+constexpr int kMaxWarps = kMaxThreadsPerRow / 32;
+
+// Vectors per thread in the row kernels, smallest first: a row of `units`
+// vectors takes the first count that fits it in one warp, else the last one with
+// as many threads as it needs (see plan_rows).
+constexpr int kVectorCounts[] = {2, 4, 8};
+constexpr int kScalarCounts[] = {2, 8, 16};
+
+// kV elements of T as the words a load brings: 32-bit words for vectors of 4
+// bytes or more, so two 16-bit elements share a register (held one per register,
+// as element arrays are, the 16-bit rows took twice the registers and spilled).
+template <class T, int kV>
+struct alignas(sizeof(T) * kV) Packed {
+  static constexpr int kBytes = sizeof(T) * kV;
+  using Word = std::conditional_t<(kBytes >= 4), uint32_t, std::conditional_t<kBytes == 2, uint16_t, uint8_t>>;
+  static constexpr int kWords = kBytes >= 4 ? kBytes / 4 : 1;
+  Word w[kWords];
+};
+
+template <class T, int kV>
+__device__ __forceinline__ Packed<T, kV> load_packed(const T* p) {
+  return *reinterpret_cast<const Packed<T, kV>*>(p);
+}
+
+template <class T, int kV>
+__device__ __forceinline__ void store_packed(T* p, const Packed<T, kV>& v) {
+  *reinterpret_cast<Packed<T, kV>*>(p) = v;
+}
+
+// Element i as fp32.
+template <class T, int kV>
+__device__ __forceinline__ float element(const Packed<T, kV>& x, int i) {
+  if constexpr (std::is_same_v<T, float>) {
+    return __uint_as_float(x.w[i]);
+  } else {
+    static_assert(sizeof(T) == 2, "element: float, __half or __nv_bfloat16");
+    const uint32_t bits = kV == 1 ? uint32_t(x.w[0]) : (i % 2 ? uint32_t(x.w[i / 2]) >> 16 : x.w[i / 2] & 0xffffu);
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      return __uint_as_float(bits << 16);  // bf16 is the high half of an fp32
+    } else {
+      return __half2float(__ushort_as_half(uint16_t(bits)));
+    }
+  }
+}
+
+// kV fp32 values rounded to T (nearest even), packed.
+template <class T, int kV>
+__device__ __forceinline__ Packed<T, kV> pack(const float (&v)[kV]) {
+  Packed<T, kV> out;
+  if constexpr (std::is_same_v<T, float>) {
+#pragma unroll
+    for (int i = 0; i < kV; ++i) out.w[i] = __float_as_uint(v[i]);
+  } else if constexpr (kV == 1) {
+    const T t = from_float<T>(v[0]);
+    out.w[0] = *reinterpret_cast<const uint16_t*>(&t);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kV / 2; ++j) {
+      if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        const __nv_bfloat162 pair = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);  // .x: the low half
+        out.w[j] = *reinterpret_cast<const uint32_t*>(&pair);
+      } else {
+        const __half2 pair = __floats2half2_rn(v[2 * j], v[2 * j + 1]);
+        out.w[j] = *reinterpret_cast<const uint32_t*>(&pair);
+      }
+    }
+  }
+  return out;
+}
+
+// Whether byte i of a mask vector is nonzero (masked).
+template <int kV>
+__device__ __forceinline__ bool mask_set(const Packed<uint8_t, kV>& m, int i) {
+  if constexpr (kV >= 4) {
+    return ((m.w[i / 4] >> (8 * (i % 4))) & 0xffu) != 0;
+  } else {
+    static_assert(kV == 1, "mask vectors of 1, 4 or 8 bytes");
+    return m.w[0] != 0;
+  }
+}
+
+// An empty asm that claims to change the words: the compiler can no longer reuse
+// fp32 values it converted earlier and converts again, instead of keeping both the
+// packed and the converted copies live.
+template <class T, int kV>
+__device__ __forceinline__ void launder(Packed<T, kV>& x) {
+#pragma unroll
+  for (int w = 0; w < Packed<T, kV>::kWords; ++w) {
+    if constexpr (sizeof(x.w[0]) == 4) {
+      asm volatile("" : "+r"(x.w[w]));
+    } else if constexpr (sizeof(x.w[0]) == 2) {
+      asm volatile("" : "+h"(x.w[w]));
+    }  // a single byte (a scalar mask element) costs nothing to keep
+  }
+}
+
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct SumOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+
+// `v` combined over the blockDim.x threads of this thread's row (the threads that
+// share threadIdx.y); every one of them gets the same bits (the butterfly pairs
+// commute). With more than one warp per row the warps meet in `scratch` (one
+// float per warp of the block): consecutive calls must use different scratch
+// arrays, which lets each call get by with one barrier. Every thread of the
+// block must call it.
+template <class Op>
+__device__ __forceinline__ float row_reduce(float v, Op op, float* scratch) {
+  const int group = blockDim.x;
+  const int width = group < 32 ? group : 32;
+  for (int offset = width / 2; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  if (group > 32) {
+    const int tid = threadIdx.y * group + threadIdx.x;
+    if (tid % 32 == 0) scratch[tid / 32] = v;
+    __syncthreads();
+    const int warps = group / 32;
+    const float* partials = scratch + threadIdx.y * warps;
+    v = partials[0];
+#pragma unroll 1  // unrolled, this loop alone took the register count to 128
+    for (int w = 1; w < warps; ++w) v = op(v, partials[w]);
+  }
+  return v;
+}
+
+// ---- forward: rows in registers ------------------------------------------------------------
+
+// The row kernels work in base 2: t = x * scale * log2(e), y = exp2(t - max t) / sum.
+// exp2f is one MUFU.EX2 (accurate expf is several instructions), and the exponent
+// x * (scale log2 e) - max is one FMA. Its rounding, |t| 2^-24 relative, is of the
+// order of the reference's own rounding of scale * x (tests/python/test_softmax.py).
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kMaskedLogit2 = kMaskedLogit * kLog2e;
+
+// The row stays in registers as loaded (16 registers for 32 bf16 elements), and
+// each of the three passes (max, sum, store) converts it again: keeping the fp32
+// logits instead doubled the registers and halved the warps, and with them the
+// loads in flight that a memory-bound kernel lives on. launder() stops the
+// compiler from keeping converted copies across the passes all the same.
+template <class T, int kV, int kN, bool kExplicitMask>
+__global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(SoftmaxFwdParams p) {
+  __shared__ float scratch[2][kMaxWarps];
+  // In-row indices are ints: these rows hold at most kMaxThreadsPerRow * kN * kV elements.
+  const int sk = int(p.sk);
+  const int first = threadIdx.x * kV, stride = blockDim.x * kV;  // element k of a thread: first + k * stride
+  const int64_t row_groups = (p.rows + blockDim.y - 1) / blockDim.y;
+  const bool tail_counts = softmax_tail_counts(p.kind);
+  const float scale2 = p.scale * kLog2e;
+  for (int64_t g = blockIdx.x; g < row_groups; g += gridDim.x) {
+    const int64_t row = g * blockDim.y + threadIdx.y;
+    const bool valid = row < p.rows;
+    // Rows past the end load nothing but still join the block's reductions.
+    const int kept = valid ? int(softmax_kept_prefix(p.kind, row, p.sq, sk)) : 0;
+    const T* x = static_cast<const T*>(p.input) + (valid ? row * sk : 0) + first;  // this thread's first vector
+    const uint8_t* mask = kExplicitMask && valid ? p.mask + softmax_mask_row(p, row) * sk + first : nullptr;
+
+    // All loads first, so that each thread has kN vectors in flight. (Zeros where
+    // nothing is loaded: the passes below convert every vector and discard those.)
+    Packed<T, kV> xv[kN] = {};
+    Packed<uint8_t, kV> mv[kN] = {};
+#pragma unroll
+    for (int k = 0; k < kN; ++k) {
+      if (first + k * stride < kept) {
+        xv[k] = load_packed<T, kV>(x + k * stride);
+        if constexpr (kExplicitMask) mv[k] = load_packed<uint8_t, kV>(mask + k * stride);
+      }
+    }
+    // Selects, not branches, from here: per-element branches made the compiler
+    // keep far more registers live. Positions past the kept prefix (and vectors
+    // never loaded) stay out of the max and get exp 0.
+    float m = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < kN; ++k) {
+      const int left = kept - (first + k * stride);  // kept elements from vector k on
+#pragma unroll
+      for (int i = 0; i < kV; ++i) {
+        float t = element(xv[k], i) * scale2;
+        if constexpr (kExplicitMask) t = mask_set(mv[k], i) ? kMaskedLogit2 : t;
+        m = fmaxf(m, i < left ? t : -INFINITY);  // skips NaN; the sum still turns NaN
+      }
+    }
+    m = row_reduce(m, MaxOp{}, scratch[0]);
+    if (tail_counts && kept < sk) m = fmaxf(m, kMaskedLogit2);
+    const float masked_e = exp2f(kMaskedLogit2 - m);  // exp of a masked position's logit
+    auto exp_at = [&](const Packed<T, kV>& xk, const Packed<uint8_t, kV>& mk, int i) {
+      const float e = exp2f(fmaf(element(xk, i), scale2, -m));
+      if constexpr (kExplicitMask) return mask_set(mk, i) ? masked_e : e;
+      return e;
+    };
+
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kN; ++k) {
+      launder(xv[k]);
+      if constexpr (kExplicitMask) launder(mv[k]);
+      const int left = kept - (first + k * stride);
+      if (left > 0) {  // no exponentials for vectors wholly past the kept prefix (causal)
+#pragma unroll
+        for (int i = 0; i < kV; ++i) sum += i < left ? exp_at(xv[k], mv[k], i) : 0.0f;
+      }
+    }
+    sum = row_reduce(sum, SumOp{}, scratch[1]);
+    if (tail_counts && kept < sk) sum += float(sk - kept) * masked_e;
+    // Transformer Engine's rule: a masked-softmax row whose max is the masked logit is zeros.
+    const bool zero_row = kExplicitMask && m == kMaskedLogit2;
+    const float inv_sum = 1.0f / sum;
+
+    if (valid) {
+      T* y = static_cast<T*>(p.output) + row * sk + first;  // this thread's first vector
+#pragma unroll
+      for (int k = 0; k < kN; ++k) {
+        if (first + k * stride < sk) {
+          launder(xv[k]);
+          if constexpr (kExplicitMask) launder(mv[k]);
+          const int left = zero_row ? 0 : kept - (first + k * stride);
+          float out[kV] = {};
+          if (left > 0) {
+#pragma unroll
+            for (int i = 0; i < kV; ++i) out[i] = i < left ? exp_at(xv[k], mv[k], i) * inv_sum : 0.0f;
+          }
+          store_packed<T, kV>(y + k * stride, pack<T, kV>(out));
+        }
+      }
+    }
+  }
+}
+
+// ---- forward: long rows ----------------------------------------------------------------------
+
+// The logit of element i of a loaded vector: scaled, or the masked value.
+template <class T, int kV, bool kExplicitMask>
+__device__ __forceinline__ float logit(const Packed<T, kV>& x, const Packed<uint8_t, kV>& mask, int i, float scale) {
+  const float z = element(x, i) * scale;
+  if constexpr (kExplicitMask) return mask_set(mask, i) ? kMaskedLogit : z;
+  return z;
+}
+
+// A running max and the sum of exp(z - max) over the logits seen so far.
+struct MaxSum {
+  float m;
+  float s;
+};
+
+__device__ __forceinline__ void add_logit(MaxSum& t, float z) {
+  if (z > t.m) {
+    // +inf as the new max: the reference's exp(inf - inf) makes the row NaN
+    t.s = t.s * expf(t.m - z) + (z == INFINITY ? NAN : 1.0f);
+    t.m = z;
+  } else if (z != -INFINITY) {  // -inf adds nothing (and must not meet a -inf max)
+    t.s += expf(z - t.m);
+  }
+}
+
+// Commutes bit for bit, so butterfly partners agree.
+__device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return {m, a.s + b.s};
+  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+
+// MaxSum over the block (one row per block); alternate `slot` between calls.
+__device__ __forceinline__ MaxSum block_reduce(MaxSum t, float (*scratch_m)[kMaxWarps],
+                                               float (*scratch_s)[kMaxWarps], int slot) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    t = combine(t, MaxSum{__shfl_xor_sync(0xffffffffu, t.m, offset), __shfl_xor_sync(0xffffffffu, t.s, offset)});
+  }
+  const int warps = blockDim.x / 32;
+  if (threadIdx.x % 32 == 0) {
+    scratch_m[slot][threadIdx.x / 32] = t.m;
+    scratch_s[slot][threadIdx.x / 32] = t.s;
+  }
+  __syncthreads();
+  t = MaxSum{scratch_m[slot][0], scratch_s[slot][0]};
+#pragma unroll 1
+  for (int w = 1; w < warps; ++w) t = combine(t, MaxSum{scratch_m[slot][w], scratch_s[slot][w]});
+  return t;
+}
+
+template <class T, int kV, bool kExplicitMask>
+__global__ void __launch_bounds__(kLongRowThreads) softmax_fwd_long_rows_kernel(SoftmaxFwdParams p) {
+  __shared__ float scratch_m[2][kMaxWarps], scratch_s[2][kMaxWarps];
+  const int64_t sk = p.sk;
+  const int64_t stride = int64_t(blockDim.x) * kV;
+  const bool tail_counts = softmax_tail_counts(p.kind);
+  int slot = 0;
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x, slot ^= 1) {
+    const int64_t kept = softmax_kept_prefix(p.kind, row, p.sq, sk);
+    const T* x = static_cast<const T*>(p.input) + row * sk;                                  // [sk]
+    const uint8_t* mask = kExplicitMask ? p.mask + softmax_mask_row(p, row) * sk : nullptr;  // [sk]
+    Packed<uint8_t, kV> mv{};
+    MaxSum t{-INFINITY, 0.0f};
+    for (int64_t c = int64_t(threadIdx.x) * kV; c < kept; c += stride) {
+      const Packed<T, kV> xv = load_packed<T, kV>(x + c);
+      if constexpr (kExplicitMask) mv = load_packed<uint8_t, kV>(mask + c);
+#pragma unroll
+      for (int i = 0; i < kV; ++i) {
+        if (c + i < kept) add_logit(t, logit<T, kV, kExplicitMask>(xv, mv, i, p.scale));
+      }
+    }
+    t = block_reduce(t, scratch_m, scratch_s, slot);
+    if (tail_counts && kept < sk) {
+      const float m = fmaxf(t.m, kMaskedLogit);
+      t.s = t.s * expf(t.m - m) + float(sk - kept) * expf(kMaskedLogit - m);
+      t.m = m;
+    }
+    const bool zero_row = kExplicitMask && t.m == kMaskedLogit;
+    const float inv_sum = 1.0f / t.s;
+
+    T* y = static_cast<T*>(p.output) + row * sk;  // [sk]
+    for (int64_t c = int64_t(threadIdx.x) * kV; c < sk; c += stride) {
+      float out[kV] = {};
+      if (c < kept && !zero_row) {
+        const Packed<T, kV> xv = load_packed<T, kV>(x + c);
+        if constexpr (kExplicitMask) mv = load_packed<uint8_t, kV>(mask + c);
+#pragma unroll
+        for (int i = 0; i < kV; ++i) {
+          const float e = expf(logit<T, kV, kExplicitMask>(xv, mv, i, p.scale) - t.m);
+          out[i] = c + i < kept ? e * inv_sum : 0.0f;
+        }
+      }
+      store_packed<T, kV>(y + c, pack<T, kV>(out));
+    }
+  }
+}
+
+// ---- backward ---------------------------------------------------------------------------------
+
+template <class T, int kV, int kN>
+__global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_bwd_rows_kernel(SoftmaxBwdParams p) {
+  __shared__ float scratch[2][kMaxWarps];
+  const int sk = int(p.sk);
+  const int first = threadIdx.x * kV, stride = blockDim.x * kV;  // element k of a thread: first + k * stride
+  const int64_t row_groups = (p.rows + blockDim.y - 1) / blockDim.y;
+  int slot = 0;
+  for (int64_t g = blockIdx.x; g < row_groups; g += gridDim.x, slot ^= 1) {
+    const int64_t row = g * blockDim.y + threadIdx.y;
+    const bool valid = row < p.rows;
+    const int kept = valid ? int(softmax_kept_prefix(p.kind, row, p.sq, sk)) : 0;
+    const int64_t offset = (valid ? row * sk : 0) + first;
+    const T* dy = static_cast<const T*>(p.grad_output) + offset;
+    const T* y = static_cast<const T*>(p.softmax_output) + offset;
+
+    // Held packed (half the registers of fp32 for 16-bit types), converted twice.
+    Packed<T, kV> dyv[kN] = {}, yv[kN] = {};
+#pragma unroll
+    for (int k = 0; k < kN; ++k) {
+      if (first + k * stride < kept) {
+        dyv[k] = load_packed<T, kV>(dy + k * stride);
+        yv[k] = load_packed<T, kV>(y + k * stride);
+      }
+    }
+    float dot = 0.0f;  // selects, not branches (see the forward)
+#pragma unroll
+    for (int k = 0; k < kN; ++k) {
+      const int left = kept - (first + k * stride);  // kept elements from vector k on
+#pragma unroll
+      for (int i = 0; i < kV; ++i) dot += i < left ? element(dyv[k], i) * element(yv[k], i) : 0.0f;
+    }
+    dot = row_reduce(dot, SumOp{}, scratch[slot]);
+
+    if (valid) {
+      T* dx = static_cast<T*>(p.grad_input) + offset;  // may be dy
+#pragma unroll
+      for (int k = 0; k < kN; ++k) {
+        if (first + k * stride < sk) {
+          launder(dyv[k]);
+          launder(yv[k]);
+          const int left = kept - (first + k * stride);
+          float out[kV];
+#pragma unroll
+          for (int i = 0; i < kV; ++i) {
+            const float yi = element(yv[k], i);
+            out[i] = i < left ? p.scale * (element(dyv[k], i) * yi - yi * dot) : 0.0f;
+          }
+          store_packed<T, kV>(dx + k * stride, pack<T, kV>(out));
+        }
+      }
+    }
+  }
+}
+
+template <class T, int kV>
+__global__ void __launch_bounds__(kLongRowThreads) softmax_bwd_long_rows_kernel(SoftmaxBwdParams p) {
+  __shared__ float scratch[2][kMaxWarps];
+  const int64_t sk = p.sk;
+  const int64_t stride = int64_t(blockDim.x) * kV;
+  int slot = 0;
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x, slot ^= 1) {
+    const int64_t kept = softmax_kept_prefix(p.kind, row, p.sq, sk);
+    const T* dy = static_cast<const T*>(p.grad_output) + row * sk;    // [sk]
+    const T* y = static_cast<const T*>(p.softmax_output) + row * sk;  // [sk]
+    float dot = 0.0f;
+    for (int64_t c = int64_t(threadIdx.x) * kV; c < kept; c += stride) {
+      const Packed<T, kV> dyv = load_packed<T, kV>(dy + c), yv = load_packed<T, kV>(y + c);
+#pragma unroll
+      for (int i = 0; i < kV; ++i) {
+        if (c + i < kept) dot += element(dyv, i) * element(yv, i);
+      }
+    }
+    dot = row_reduce(dot, SumOp{}, scratch[slot]);
+
+    // The same thread reads dy at c (again) before it writes dx at c.
+    T* dx = static_cast<T*>(p.grad_input) + row * sk;  // [sk]; may be dy
+    for (int64_t c = int64_t(threadIdx.x) * kV; c < sk; c += stride) {
+      float out[kV] = {};
+      if (c < kept) {
+        const Packed<T, kV> dyv = load_packed<T, kV>(dy + c), yv = load_packed<T, kV>(y + c);
+#pragma unroll
+        for (int i = 0; i < kV; ++i) {
+          const float yi = element(yv, i);
+          out[i] = c + i < kept ? p.scale * (element(dyv, i) * yi - yi * dot) : 0.0f;
+        }
+      }
+      store_packed<T, kV>(dx + c, pack<T, kV>(out));
+    }
+  }
+}
+
+// ---- launch ---------------------------------------------------------------------------------
+
+// How rows of sk elements are laid out on threads (the one place of these choices).
+struct RowPlan {
+  bool long_rows;       // the long-row kernels; the fields below are for the row kernels
+  int per_thread;       // kN: vectors a thread holds
+  int threads_per_row;  // G: a power of two in [1, kMaxThreadsPerRow]
+};
+
+int64_t next_pow2(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p <<= 1;
+  return p;
+}
+
+// A row of `units` vectors takes the first per-thread count that fits it into
+// one warp (sub-warp groups for short rows, so no lanes idle; a whole warp with 8
+// vectors a thread at sk = 2048 bf16), else the largest count and as many warps
+// as needed, else the long-row kernels.
+template <size_t kCounts>
+RowPlan plan_rows(int64_t units, const int (&counts)[kCounts]) {
+  for (int n : counts) {
+    if (units <= 32 * int64_t(n)) return {false, n, int(next_pow2((units + n - 1) / n))};
+  }
+  const int n = counts[kCounts - 1];
+  const int64_t group = next_pow2((units + n - 1) / n);
+  if (group <= kMaxThreadsPerRow) return {false, n, int(group)};
+  return {true, 0, kLongRowThreads};
+}
+
+// Blocks of G x max(1, 128 / G) threads, one row per threadIdx.y; the grid
+// strides over the row groups beyond 2^31 - 1 blocks.
+template <class Kernel, class Params>
+void launch_rows(Kernel kernel, const RowPlan& plan, const Params& p, cudaStream_t stream, const char* name) {
+  const dim3 block(unsigned(plan.threads_per_row), unsigned(std::max(1, kMinBlockThreads / plan.threads_per_row)));
+  const int64_t row_groups = (p.rows + block.y - 1) / block.y;
+  kernel<<<unsigned(std::min<int64_t>(row_groups, INT32_MAX)), block, 0, stream>>>(p);
+  check_launch(name);
+}
+
+template <class Kernel, class Params>
+void launch_long_rows(Kernel kernel, const Params& p, cudaStream_t stream, const char* name) {
+  kernel<<<unsigned(std::min<int64_t>(p.rows, INT32_MAX)), kLongRowThreads, 0, stream>>>(p);
+  check_launch(name);
+}
+
+template <class T, int kV, bool kExplicitMask>
+void launch_fwd(const SoftmaxFwdParams& p, cudaStream_t stream) {
+  const RowPlan plan = kV == 1 ? plan_rows(p.sk, kScalarCounts) : plan_rows(p.sk / kV, kVectorCounts);
+  if (plan.long_rows) {
+    launch_long_rows(softmax_fwd_long_rows_kernel<T, kV, kExplicitMask>, p, stream, "softmax_fwd_long_rows_kernel");
+    return;
+  }
+  constexpr const char* kName = "softmax_fwd_rows_kernel";
+  switch (plan.per_thread) {
+    case 2: return launch_rows(softmax_fwd_rows_kernel<T, kV, 2, kExplicitMask>, plan, p, stream, kName);
+    case 4:
+      if constexpr (kV > 1) return launch_rows(softmax_fwd_rows_kernel<T, kV, 4, kExplicitMask>, plan, p, stream, kName);
+      break;
+    case 8: return launch_rows(softmax_fwd_rows_kernel<T, kV, 8, kExplicitMask>, plan, p, stream, kName);
+    case 16:
+      if constexpr (kV == 1) return launch_rows(softmax_fwd_rows_kernel<T, 1, 16, kExplicitMask>, plan, p, stream, kName);
+      break;
+  }
+  fail(TE_ERROR_INTERNAL, concat("softmax: no row kernel for ", plan.per_thread, " vectors a thread"));
+}
+
+template <class T, int kV>
+void launch_bwd(const SoftmaxBwdParams& p, cudaStream_t stream) {
+  const RowPlan plan = kV == 1 ? plan_rows(p.sk, kScalarCounts) : plan_rows(p.sk / kV, kVectorCounts);
+  if (plan.long_rows) {
+    launch_long_rows(softmax_bwd_long_rows_kernel<T, kV>, p, stream, "softmax_bwd_long_rows_kernel");
+    return;
+  }
+  constexpr const char* kName = "softmax_bwd_rows_kernel";
+  switch (plan.per_thread) {
+    case 2: return launch_rows(softmax_bwd_rows_kernel<T, kV, 2>, plan, p, stream, kName);
+    case 4:
+      if constexpr (kV > 1) return launch_rows(softmax_bwd_rows_kernel<T, kV, 4>, plan, p, stream, kName);
+      break;
+    case 8: return launch_rows(softmax_bwd_rows_kernel<T, kV, 8>, plan, p, stream, kName);
+    case 16:
+      if constexpr (kV == 1) return launch_rows(softmax_bwd_rows_kernel<T, 1, 16>, plan, p, stream, kName);
+      break;
+  }
+  fail(TE_ERROR_INTERNAL, concat("softmax: no row kernel for ", plan.per_thread, " vectors a thread"));
+}
+
+}  // namespace
+
+void softmax_fwd_cuda(const SoftmaxFwdParams& p, int device, void* stream) {
+  DeviceGuard guard(device);
+  const cudaStream_t s = as_stream(stream);
+  const bool masked = p.kind == SoftmaxKind::kMasked;
+  dispatch_float_dtype(p.dtype, [&](auto tag) {
+    using T = typename CudaType<decltype(tag)::value>::type;
+    constexpr int kVec = 16 / sizeof(T);
+    const bool vectorized = p.sk % kVec == 0 && is_aligned(p.input, 16) && is_aligned(p.output, 16) &&
+                            (!masked || is_aligned(p.mask, kVec));
+    if (masked) {
+      vectorized ? launch_fwd<T, kVec, true>(p, s) : launch_fwd<T, 1, true>(p, s);
+    } else {
+      vectorized ? launch_fwd<T, kVec, false>(p, s) : launch_fwd<T, 1, false>(p, s);
+    }
+  });
+}
+
+void softmax_bwd_cuda(const SoftmaxBwdParams& p, int device, void* stream) {
+  DeviceGuard guard(device);
+  const cudaStream_t s = as_stream(stream);
+  dispatch_float_dtype(p.dtype, [&](auto tag) {
+    using T = typename CudaType<decltype(tag)::value>::type;
+    constexpr int kVec = 16 / sizeof(T);
+    const bool vectorized = p.sk % kVec == 0 && is_aligned(p.grad_output, 16) &&
+                            is_aligned(p.softmax_output, 16) && is_aligned(p.grad_input, 16);
+    vectorized ? launch_bwd<T, kVec>(p, s) : launch_bwd<T, 1>(p, s);
+  });
+}
+
+}  // namespace opente
