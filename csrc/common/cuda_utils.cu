@@ -1,7 +1,8 @@
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <mutex>
-#include <unordered_map>
+#include <utility>
 
 #include "common/cuda_utils.h"
 
@@ -22,17 +23,18 @@ int multiprocessor_count(int device) {
 
 namespace {
 
-// Occupancy of a kernel at a block size, computed once per kernel.
+// Occupancy of a kernel at a block size, computed once per (kernel, block size).
 int resident_blocks_per_sm(const void* kernel, int threads) {
   static std::mutex mutex;
-  static std::unordered_map<const void*, int> cache;
+  static std::map<std::pair<const void*, int>, int> cache;
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(kernel);
+  const auto key = std::make_pair(kernel, threads);
+  auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   int blocks = 0;
   cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0),
              "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  cache.emplace(kernel, std::max(blocks, 1));
+  cache.emplace(key, std::max(blocks, 1));
   return std::max(blocks, 1);
 }
 

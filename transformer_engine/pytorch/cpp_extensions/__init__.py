@@ -38,6 +38,16 @@ from transformer_engine.pytorch.cpp_extensions.normalization import (
     rmsnorm_fwd,
 )
 from transformer_engine.pytorch.cpp_extensions.recipe import compute_scale_from_amax, delayed_scaling_update
+from transformer_engine.pytorch.cpp_extensions.softmax import (
+    scaled_aligned_causal_masked_softmax_backward,
+    scaled_aligned_causal_masked_softmax_forward,
+    scaled_masked_softmax_backward,
+    scaled_masked_softmax_forward,
+    scaled_softmax_backward,
+    scaled_softmax_forward,
+    scaled_upper_triang_masked_softmax_backward,
+    scaled_upper_triang_masked_softmax_forward,
+)
 from transformer_engine.pytorch.cpp_extensions.tensor_desc import DType
 
 __all__ = [
@@ -69,6 +79,14 @@ __all__ = [
     "relu",
     "rmsnorm_bwd",
     "rmsnorm_fwd",
+    "scaled_aligned_causal_masked_softmax_backward",
+    "scaled_aligned_causal_masked_softmax_forward",
+    "scaled_masked_softmax_backward",
+    "scaled_masked_softmax_forward",
+    "scaled_softmax_backward",
+    "scaled_softmax_forward",
+    "scaled_upper_triang_masked_softmax_backward",
+    "scaled_upper_triang_masked_softmax_forward",
     "silu",
     "sreglu",
     "srelu",
