@@ -98,8 +98,14 @@ def linear_gemm_forward(module: TransformerEngineBaseModule, step: FP8Step, x: t
             x_fp8 = cast_to_fp8(x, step, index, rowwise=True, columnwise=need_wgrad)
         w_fp8 = module.fp8_weight(weight_name, weight, dtype, step, index + 1, is_first_microbatch,
                                   columnwise=need_dgrad)
-        out = general_gemm(w_fp8, x_fp8, get_workspace(w_fp8.device), out_dtype=dtype, bias=bias, layout="TN",
+        # cuBLASLt has no FP8 GEMM with an fp32 output and an fp32 bias epilogue: the bias
+        # is added afterwards there (fp32 activations under FP8 are rare; bf16 fuses it).
+        fuse_bias = bias is not None and not (x_fp8.device.type == "cuda" and dtype == torch.float32)
+        out = general_gemm(w_fp8, x_fp8, get_workspace(w_fp8.device), out_dtype=dtype,
+                           bias=bias if fuse_bias else None, layout="TN",
                            use_split_accumulator=_split(step, "fp8_gemm_fprop", default=False))[0]
+        if bias is not None and not fuse_bias:
+            out.add_(bias)
         return out, (x_fp8 if need_wgrad else None), (w_fp8 if need_dgrad else None)
     if isinstance(weight, Float8TensorBase):
         w = weight.dequantize(dtype=dtype)
