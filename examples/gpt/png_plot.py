@@ -77,7 +77,9 @@ def plot_curves(path: str, curves: dict, width: int = 800, height: int = 480) ->
                for i, v in enumerate(ys)]
         for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
             canvas.line(x0, y0, x1, y1, color, thickness=2)
-    canvas.text(left, height - 25, f"0 {' ' * 30}{steps - 1}")
+    canvas.text(left, height - 25, "0")  # x axis: steps
+    last = str(steps - 1)
+    canvas.text(right - 8 * len(last), height - 25, last)
     for k, (name, (color, _)) in enumerate(curves.items()):  # legend, top right
         x, y = right - 120, top + 10 + 20 * k
         canvas.line(x, y + 5, x + 30, y + 5, color, thickness=3)
