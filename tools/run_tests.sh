@@ -14,7 +14,8 @@ if ! [ -f /usr/include/gtest/gtest.h ]; then
   (apt-get update -qq && apt-get install -y -qq libgtest-dev) >/dev/null
 fi
 # Build and test requirements from PyPI (torch 2.11 matches the GPU machine).
-$PY -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.4" "cmake>=3.24" ninja numpy pytest "torch==2.11.*"
+$PY -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.4" "cmake>=3.24" ninja numpy pytest "torch==2.11.*" \
+  lightning accelerate  # the real clients tests/python/test_clients.py runs
 
 echo "== build (pip install ., with the C++ tests)"
 SECONDS=0
