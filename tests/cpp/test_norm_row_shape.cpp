@@ -40,7 +40,7 @@ TEST(NormRowShape, ForwardBuckets) {
   for (int64_t hidden = 1; hidden <= opente::kNormFwdMaxRegisterHidden; ++hidden) {
     const NormRowShape s = opente::norm_fwd_row_shape(hidden);
     check_shape(s, hidden, "forward");
-    EXPECT_EQ(s.chunks, hidden <= 512 ? 2 : 4) << hidden;
+    EXPECT_EQ(s.chunks, hidden <= 512 ? opente::kNormFwdSmallChunks : opente::kNormFwdChunks) << hidden;
     // the weight tiles of gamma and beta (fp32) in shared memory
     EXPECT_LE(2 * s.chunks * 8 * s.threads_per_row * 4, kMaxSmemPerBlock) << hidden;
   }
@@ -49,13 +49,21 @@ TEST(NormRowShape, ForwardBuckets) {
 }
 
 TEST(NormRowShape, BackwardBuckets) {
+  constexpr int64_t kRegisterSums = int64_t(opente::kNormMaxBlockThreads) * opente::kNormBwdChunks * 8;  // 8192
   for (int64_t hidden = 1; hidden <= opente::kNormBwdMaxRegisterHidden; ++hidden) {
     const NormRowShape s = opente::norm_bwd_row_shape(hidden);
     check_shape(s, hidden, "backward");
-    EXPECT_EQ(s.chunks, 2) << hidden;
-    // gamma's tile and the groups' dgamma / dbeta column sums in shared memory
-    const int64_t floats = int64_t(s.chunks) * 8 * s.threads_per_row + int64_t(s.rows_per_block) * 2 * hidden;
-    EXPECT_LE(floats * 4, kMaxSmemPerBlock) << hidden;
+    const int64_t tile = int64_t(s.chunks) * 8 * s.threads_per_row;  // gamma's, in shared memory
+    if (hidden <= kRegisterSums) {
+      EXPECT_EQ(s.chunks, opente::kNormBwdChunks) << hidden;
+      // plus the groups' dgamma / dbeta column sums
+      EXPECT_LE((tile + int64_t(s.rows_per_block) * 2 * hidden) * 4, kMaxSmemPerBlock) << hidden;
+    } else {
+      EXPECT_EQ(s.chunks, opente::kNormBwdLongChunks) << hidden;
+      // one row group a block, whose dgamma / dbeta sums live in shared memory (tile order)
+      EXPECT_EQ(s.rows_per_block, 1) << hidden;
+      EXPECT_LE(3 * tile * 4, kMaxSmemPerBlock) << hidden;
+    }
   }
   EXPECT_FALSE(opente::norm_bwd_row_shape(opente::kNormBwdMaxRegisterHidden + 1).in_registers());
 }
@@ -75,6 +83,8 @@ TEST(NormRowShape, BenchmarkedSizes) {
   EXPECT_TRUE(same(opente::norm_bwd_row_shape(1024), 2, 64, 8));
   EXPECT_TRUE(same(opente::norm_bwd_row_shape(4096), 2, 256, 2));
   EXPECT_TRUE(same(opente::norm_bwd_row_shape(8192), 2, 512, 1));
+  EXPECT_TRUE(same(opente::norm_bwd_row_shape(8193), 4, 288, 1));
+  EXPECT_TRUE(same(opente::norm_bwd_row_shape(16384), 4, 512, 1));
 }
 
 }  // namespace

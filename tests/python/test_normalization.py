@@ -529,10 +529,11 @@ def test_fwd_cuda(norm, x_dtype, shape, device, gen):
 
 
 # Hidden sizes around every limit of the kernels' launch shapes (ops/norm/norm_launch.h):
-# rows of up to 16 elements a thread on 1, 2, ... 32 lanes (forward to 512, backward to
-# 512), 32 a thread on whole warps (forward to 16384), 16 a thread on whole warps
-# (backward to 8192), then the fallback kernels; sizes that are not multiples of 8 take
-# the element-wise path; 1536, 3000, 12288 need warp counts that are not powers of two.
+# rows of up to 16 elements a thread on 1, 2, ... 32 lanes (to 512), then on whole warps
+# with 32 elements a thread (forward, to 16384) or 16 (backward, to 8192; then 32 with
+# its dgamma / dbeta sums in shared memory, to 16384), then the fallback kernels; sizes
+# that are not multiples of 8 take the element-wise path; 1536, 3000, 12288 need warp
+# counts that are not powers of two.
 BUCKET_HIDDEN = [1, 3, 8, 15, 16, 17, 24, 100, 128, 136, 255, 256, 264, 511, 512, 513, 520, 1000, 1023, 1024,
                  1025, 1032, 1536, 2048, 2056, 3000, 4095, 4096, 4104, 8184, 8191, 8192, 8193, 8200, 12288, 16376,
                  16383, 16384, 16385, 16392]
@@ -691,7 +692,7 @@ def test_bwd_cuda_buckets(norm, hidden, device, gen):
 
 
 @pytest.mark.parametrize("device", CUDA)
-@pytest.mark.parametrize("hidden", [8, 136, 1024, 3000, 8192], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("hidden", [8, 136, 1024, 3000, 8192, 12288], ids=lambda h: f"h{h}")
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.float16], ids=dtype_id)
 @pytest.mark.parametrize("norm", NORMS)
 def test_bwd_cuda_buckets_other_dtypes(norm, x_dtype, hidden, device, gen):
@@ -709,7 +710,7 @@ def test_bwd_cuda_fewer_rows_than_a_block(norm, hidden, rows, device, gen):
 
 
 @pytest.mark.parametrize("device", CUDA)
-@pytest.mark.parametrize("hidden", [64, 1000, 4096, 4097, 8192], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("hidden", [64, 1000, 4096, 4097, 8192, 16384], ids=lambda h: f"h{h}")
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
 @pytest.mark.parametrize("norm", NORMS)
 def test_bwd_cuda_misaligned(norm, x_dtype, hidden, device, gen):
@@ -718,7 +719,8 @@ def test_bwd_cuda_misaligned(norm, x_dtype, hidden, device, gen):
 
 
 @pytest.mark.parametrize("device", CUDA)
-@pytest.mark.parametrize("shape", [(300000, 8), (20000, 1024), (2000, 8192)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(300000, 8), (20000, 1024), (2000, 8192), (1000, 16384)],
+                         ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("norm", NORMS)
 def test_bwd_cuda_large(norm, shape, device, gen):
     """More rows than a wave of blocks holds: each thread adds dgamma / dbeta over many rows."""

@@ -3,10 +3,10 @@
 // 1. Rows: row groups as in the forward (norm_launch.h). A group loads its row of
 //    dz and x once into registers, takes the row's two sums (one shuffle reduction
 //    of a pair) and writes dx. Each thread also adds dz * xhat and dz for its
-//    columns over all the rows it visits, in fp32 registers; at the end the block
-//    adds its groups' sums in shared memory (a fixed pairwise order) and writes
-//    one [2, hidden] row of partial sums to the workspace. So dz and x are read
-//    exactly once.
+//    columns over all the rows it visits, in fp32 registers (rows past 8192: in
+//    its own slots of shared memory); at the end the block adds its groups' sums
+//    in shared memory (a fixed pairwise order) and writes one [2, hidden] row of
+//    partial sums to the workspace. So dz and x are read exactly once.
 // 2. Finalize: threads along hidden add the blocks' partial rows (coalesced) and
 //    write dgamma and dbeta in the weights' dtype.
 // The backward runs one wave of at most kNormMaxRowBlocks blocks, so its partial
@@ -27,9 +27,33 @@ namespace {
 
 using namespace norm_kernels;
 
+// dz * xhat and dz of chunk j added to this thread's slots of the shared-memory
+// accumulators (the long-row bucket), kept in the weight tile's order: [kSums][tile].
+template <int kSums>
+__device__ __forceinline__ void accumulate_chunk(float* sums, int tile, const RowGroup& group, int j,
+                                                 const float (&dz)[kChunk], const float (&xhat)[kChunk]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int quad = (j * 2 + h) * group.threads + group.thread;
+    float4* dgamma = reinterpret_cast<float4*>(sums) + quad;
+    float4 a = *dgamma;
+    a.x += dz[4 * h] * xhat[4 * h], a.y += dz[4 * h + 1] * xhat[4 * h + 1];
+    a.z += dz[4 * h + 2] * xhat[4 * h + 2], a.w += dz[4 * h + 3] * xhat[4 * h + 3];
+    *dgamma = a;
+    if constexpr (kSums == 2) {
+      float4* dbeta = reinterpret_cast<float4*>(sums + tile) + quad;
+      float4 b = *dbeta;
+      b.x += dz[4 * h], b.y += dz[4 * h + 1], b.z += dz[4 * h + 2], b.w += dz[4 * h + 3];
+      *dbeta = b;
+    }
+  }
+}
+
 // Partial sums written by block b: partials[b][0][c] = sum dz * xhat, partials[b][1][c]
-// = sum dz (LayerNorm only) over the block's rows. Dynamic shared memory
-// (bwd_smem_bytes): gamma's weight tile, then the groups' column sums.
+// = sum dz (LayerNorm only) over the block's rows. Each thread adds them for its
+// columns over the rows it visits: in registers (kNormBwdChunks), or, for the long
+// rows of the kNormBwdLongChunks bucket (one row group a block), in shared memory.
+// Dynamic shared memory (bwd_smem_bytes): gamma's weight tile, then the sums.
 template <te_dtype kIn, int kChunks, bool kLayerNorm, bool kVectorized>
 __global__ void __launch_bounds__(kNormMaxBlockThreads)
     norm_bwd_rows_kernel(NormBwdParams p, int threads_per_row, int rows_per_block, float* partials) {
@@ -37,17 +61,23 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads)
   // LayerNorm reduces (sum dyg, sum dyg * xhat) at once; RMSNorm only the second.
   using RowSums = std::conditional_t<kLayerNorm, float2, float>;
   constexpr int kColumnSums = kLayerNorm ? 2 : 1;  // dgamma (and dbeta)
+  constexpr bool kSharedSums = kChunks == kNormBwdLongChunks;
   extern __shared__ float4 smem[];
   __shared__ RowSums scratch[2 * kNormMaxBlockWarps];
   const RowGroup group(threads_per_row);
   const int hidden = int(p.hidden);  // <= kNormBwdMaxRegisterHidden
+  const int tile = weight_tile_floats(kChunks, threads_per_row);
   float* gamma_tile = reinterpret_cast<float*>(smem);
-  // [rows_per_block][kColumnSums][hidden]
-  float* group_sums = gamma_tile + weight_tile_floats(kChunks, threads_per_row);
+  // kSharedSums: [kColumnSums][tile] in tile order; else [rows_per_block][kColumnSums][hidden]
+  float* sums = gamma_tile + tile;
   stage_weights<kChunks>(p.gamma, p.w_dtype, hidden, p.zero_centered_gamma ? 1.0f : 0.0f, threads_per_row,
                          gamma_tile);
+  if constexpr (kSharedSums) {
+    for (int f = int(threadIdx.x); f < kColumnSums * tile; f += int(blockDim.x)) sums[f] = 0.0f;
+  }
   __syncthreads();
-  float dgamma[kChunks][kChunk] = {}, dbeta[kChunks][kChunk] = {};  // this thread's columns, over its rows
+  // this thread's columns, over its rows (unused with kSharedSums)
+  float dgamma[kChunks][kChunk] = {}, dbeta[kChunks][kChunk] = {};
   RowReduction<RowSums> reduction(scratch, group);
 
   // Block-uniform trip count, as in the forward.
@@ -81,17 +111,20 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads)
         xhat[j][i] = (x[j][i] - mu) * rsigma;
         dyg[j][i] = dz[j][i] * gamma[i];
         dyg_xhat[i] = dyg[j][i] * xhat[j][i];
-        dgamma[j][i] += dz[j][i] * xhat[j][i];
-        if constexpr (kLayerNorm) dbeta[j][i] += dz[j][i];
+        if constexpr (!kSharedSums) {
+          dgamma[j][i] += dz[j][i] * xhat[j][i];
+          if constexpr (kLayerNorm) dbeta[j][i] += dz[j][i];
+        }
       }
+      if constexpr (kSharedSums) accumulate_chunk<kColumnSums>(sums, tile, group, j, dz[j], xhat[j]);
       if constexpr (kLayerNorm) sum_dyg += chunk_sum(dyg[j]);
       sum_dyg_xhat += chunk_sum(dyg_xhat);
     }
     float mean_dyg = 0.0f, mean_dyg_xhat;  // RMSNorm has no mean to subtract
     if constexpr (kLayerNorm) {
-      const float2 sums = reduction.sum(make_float2(sum_dyg, sum_dyg_xhat));
-      mean_dyg = sums.x / float(hidden);
-      mean_dyg_xhat = sums.y / float(hidden);
+      const float2 row_sums = reduction.sum(make_float2(sum_dyg, sum_dyg_xhat));
+      mean_dyg = row_sums.x / float(hidden);
+      mean_dyg_xhat = row_sums.y / float(hidden);
     } else {
       mean_dyg_xhat = reduction.sum(sum_dyg_xhat) / float(hidden);
     }
@@ -107,32 +140,42 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads)
     }
   }
 
-  // The block's column sums: each group's into its slice of shared memory (a group
-  // covers every column exactly once), then slices folded pairwise in a fixed order.
-  float* mine = group_sums + int64_t(group.index) * kColumnSums * hidden;
+  float* out = partials + int64_t(blockIdx.x) * 2 * hidden;  // [2, hidden]; RMSNorm writes the first
+  if constexpr (kSharedSums) {
+    // one row group a block: its sums are the block's, read back in column order
+    __syncthreads();
+    for (int c = int(threadIdx.x); c < hidden; c += int(blockDim.x)) {
+      const int f = tile_index(c, threads_per_row);
+      out[c] = sums[f];
+      if constexpr (kLayerNorm) out[hidden + c] = sums[tile + f];
+    }
+  } else {
+    // The groups' sums into their slices of shared memory (a group covers every
+    // column exactly once), then the slices folded pairwise in a fixed order.
+    float* mine = sums + int64_t(group.index) * kColumnSums * hidden;
 #pragma unroll
-  for (int j = 0; j < kChunks; ++j) {
-    const int col = group.column(j);
+    for (int j = 0; j < kChunks; ++j) {
+      const int col = group.column(j);
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i) {
-      if (col + i < hidden) {
-        mine[col + i] = dgamma[j][i];
-        if constexpr (kLayerNorm) mine[hidden + col + i] = dbeta[j][i];
+      for (int i = 0; i < kChunk; ++i) {
+        if (col + i < hidden) {
+          mine[col + i] = dgamma[j][i];
+          if constexpr (kLayerNorm) mine[hidden + col + i] = dbeta[j][i];
+        }
       }
     }
-  }
-  __syncthreads();
-  const int slice = kColumnSums * hidden;
-  for (int n = rows_per_block; n > 1;) {
-    const int half = (n + 1) / 2;  // slices [half, n) onto [0, n - half)
-    for (int k = int(threadIdx.x); k < (n - half) * slice; k += int(blockDim.x)) {
-      group_sums[k] += group_sums[k + half * slice];
-    }
     __syncthreads();
-    n = half;
+    const int slice = kColumnSums * hidden;
+    for (int n = rows_per_block; n > 1;) {
+      const int half = (n + 1) / 2;  // slices [half, n) onto [0, n - half)
+      for (int k = int(threadIdx.x); k < (n - half) * slice; k += int(blockDim.x)) {
+        sums[k] += sums[k + half * slice];
+      }
+      __syncthreads();
+      n = half;
+    }
+    for (int k = int(threadIdx.x); k < slice; k += int(blockDim.x)) out[k] = sums[k];
   }
-  float* out = partials + int64_t(blockIdx.x) * 2 * hidden;  // [2, hidden]; RMSNorm writes the first
-  for (int k = int(threadIdx.x); k < slice; k += int(blockDim.x)) out[k] = group_sums[k];
 }
 
 // dgamma[c] (dbeta[c]) = sum over the `slots` partial rows [slots, 2, hidden]. A block
@@ -169,10 +212,11 @@ __global__ void __launch_bounds__(kFinalizeColumns* kFinalizeLanes)
 }
 
 size_t bwd_smem_bytes(const NormBwdParams& p, const NormRowShape& shape) {
-  const int column_sums = p.type == NormType::kLayerNorm ? 2 : 1;
-  return (size_t(weight_tile_floats(shape.chunks, shape.threads_per_row)) +
-          size_t(shape.rows_per_block) * column_sums * size_t(p.hidden)) *
-         sizeof(float);
+  const size_t column_sums = p.type == NormType::kLayerNorm ? 2 : 1;
+  const size_t tile = weight_tile_floats(shape.chunks, shape.threads_per_row);
+  const size_t sums = shape.chunks == kNormBwdLongChunks ? column_sums * tile
+                                                         : size_t(shape.rows_per_block) * column_sums * size_t(p.hidden);
+  return (tile + sums) * sizeof(float);
 }
 
 // Launches the rows kernel; returns how many partial rows it writes.
@@ -190,21 +234,29 @@ int64_t launch_rows_kernel(const NormBwdParams& p, const NormRowShape& shape, in
         p, shape.threads_per_row, shape.rows_per_block, partials);
     check_launch("norm_bwd_rows_kernel");
   };
-  // the one switch to template arguments (a single bucket: two chunks a thread)
-  dispatch_float_dtype(p.in_dtype, [&](auto in_tag) {
+  // the one switch from the shape's bucket and the norm to template arguments
+  auto launch_bucket = [&](auto in_tag, auto vectorized_tag) {
     constexpr te_dtype kIn = decltype(in_tag)::value;
-    if (vectorized) {
+    constexpr bool kVec = decltype(vectorized_tag)::value;
+    if (shape.chunks == kNormBwdChunks) {
       if (layernorm) {
-        launch(norm_bwd_rows_kernel<kIn, 2, true, true>);
+        launch(norm_bwd_rows_kernel<kIn, kNormBwdChunks, true, kVec>);
       } else {
-        launch(norm_bwd_rows_kernel<kIn, 2, false, true>);
+        launch(norm_bwd_rows_kernel<kIn, kNormBwdChunks, false, kVec>);
       }
     } else {
       if (layernorm) {
-        launch(norm_bwd_rows_kernel<kIn, 2, true, false>);
+        launch(norm_bwd_rows_kernel<kIn, kNormBwdLongChunks, true, kVec>);
       } else {
-        launch(norm_bwd_rows_kernel<kIn, 2, false, false>);
+        launch(norm_bwd_rows_kernel<kIn, kNormBwdLongChunks, false, kVec>);
       }
+    }
+  };
+  dispatch_float_dtype(p.in_dtype, [&](auto in_tag) {
+    if (vectorized) {
+      launch_bucket(in_tag, std::true_type{});
+    } else {
+      launch_bucket(in_tag, std::false_type{});
     }
   });
   return grid;

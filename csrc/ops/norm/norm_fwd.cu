@@ -179,17 +179,17 @@ void norm_fwd_cuda(const NormFwdParams& p, int device, void* /*workspace: unused
     constexpr te_dtype kIn = decltype(in_tag)::value, kOut = decltype(out_tag)::value;
     constexpr bool kVec = decltype(vectorized_tag)::value;
     const bool layernorm = p.type == NormType::kLayerNorm;
-    if (shape.chunks == 2) {
+    if (shape.chunks == kNormFwdSmallChunks) {
       if (layernorm) {
-        launch(norm_fwd_rows_kernel<kIn, kOut, 2, true, kVec>);
+        launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdSmallChunks, true, kVec>);
       } else {
-        launch(norm_fwd_rows_kernel<kIn, kOut, 2, false, kVec>);
+        launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdSmallChunks, false, kVec>);
       }
     } else {
       if (layernorm) {
-        launch(norm_fwd_rows_kernel<kIn, kOut, 4, true, kVec>);
+        launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdChunks, true, kVec>);
       } else {
-        launch(norm_fwd_rows_kernel<kIn, kOut, 4, false, kVec>);
+        launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdChunks, false, kVec>);
       }
     }
   };

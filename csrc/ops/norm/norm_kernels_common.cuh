@@ -171,6 +171,13 @@ __device__ __forceinline__ void stage_weights(const void* w, te_dtype dtype, int
   }
 }
 
+// Where column `col` lies in a tile (the inverse of stage_weights' order).
+__device__ __forceinline__ int tile_index(int col, int threads_per_row) {
+  const int chunk = col / kChunk, t = chunk % threads_per_row, j = chunk / threads_per_row;
+  const int h = (col % kChunk) / 4;
+  return ((j * 2 + h) * threads_per_row + t) * 4 + col % 4;
+}
+
 // This thread's chunk j of a staged weight vector.
 __device__ __forceinline__ void read_weights(const float* tile, const RowGroup& group, int j, float (&v)[kChunk]) {
   const float4* quads = reinterpret_cast<const float4*>(tile);

@@ -34,10 +34,18 @@ NormRowShape norm_fwd_row_shape(int64_t hidden);
 // The backward's; chunks == 0 beyond kNormBwdMaxRegisterHidden.
 NormRowShape norm_bwd_row_shape(int64_t hidden);
 
-// Longest rows the register kernels take: 512 threads x 32 elements (forward), x 16
-// elements (backward: a column costs it x hat, dz * gamma and two accumulators).
-constexpr int64_t kNormFwdMaxRegisterHidden = int64_t(kNormMaxBlockThreads) * 4 * 8;
-constexpr int64_t kNormBwdMaxRegisterHidden = int64_t(kNormMaxBlockThreads) * 2 * 8;
+// The compile-time buckets: chunks a thread holds. Forward: 2 (hidden <= 512) or 4.
+// Backward: 2 up to hidden 8192 (a column costs it x hat, dz * gamma and two
+// accumulators in registers), 4 above, with the accumulators in shared memory
+// (one row group of up to 512 threads a block).
+constexpr int kNormFwdSmallChunks = 2;
+constexpr int kNormFwdChunks = 4;
+constexpr int kNormBwdChunks = 2;
+constexpr int kNormBwdLongChunks = 4;
+
+// Longest rows the register kernels take: 512 threads x 32 elements.
+constexpr int64_t kNormFwdMaxRegisterHidden = int64_t(kNormMaxBlockThreads) * kNormFwdChunks * 8;
+constexpr int64_t kNormBwdMaxRegisterHidden = int64_t(kNormMaxBlockThreads) * kNormBwdLongChunks * 8;
 
 // Blocks for a register kernel striding over `rows` rows: one wave (the kernel's
 // occupancy at this block size and dynamic shared memory, times the SM count), no

@@ -37,21 +37,25 @@ NormRowShape row_shape(int64_t hidden, int chunks, int target_block_threads) {
 // Forward: 16 elements a thread up to hidden 512 (2 chunks: short rows spread over
 // more lanes), 32 above (4 chunks), so hidden 1024 is a warp a row and 4096 four
 // warps. Only x lives in registers across the row (gamma and beta are read from
-// shared memory): LayerNorm bf16 takes 89 registers, RMSNorm 60 (ptxas, sm_90a,
-// CUDA 13.0), at least two 256-thread blocks an SM. Blocks of 256 threads: several
-// blocks an SM, whose reductions and loads interleave.
+// shared memory): 54-66 registers with a 16-bit or fp32 output, 84-106 with an FP8
+// one (ptxas, sm_90a, CUDA 13.0; 128 with x, gamma and beta all in registers, which
+// spilled). Blocks of 256 threads: two or three blocks an SM, whose reductions and
+// loads interleave.
 NormRowShape norm_fwd_row_shape(int64_t hidden) {
   if (hidden > kNormFwdMaxRegisterHidden) return {};
-  return row_shape(hidden, hidden <= 512 ? 2 : 4, 256);
+  return row_shape(hidden, hidden <= 512 ? kNormFwdSmallChunks : kNormFwdChunks, 256);
 }
 
 // Backward: 16 elements a thread: x hat and dz * gamma live across the row's
-// reduction, next to the dgamma / dbeta accumulators (98 registers for LayerNorm
-// bf16, 83 for RMSNorm). Blocks of 512 threads: the block's partial sums go to the
-// workspace once per block, so fewer, larger blocks write and re-read less.
+// reduction, next to the dgamma / dbeta accumulators (94-101 registers for
+// LayerNorm, 75-90 for RMSNorm). Blocks of 512 threads, one an SM: the block's
+// partial sums go to the workspace once per block, so fewer, larger blocks write
+// and re-read less. Past hidden 8192, 32 elements a thread with the accumulators
+// in shared memory (a row group of 288 to 512 threads, alone in its block).
 NormRowShape norm_bwd_row_shape(int64_t hidden) {
   if (hidden > kNormBwdMaxRegisterHidden) return {};
-  return row_shape(hidden, 2, kNormMaxBlockThreads);
+  const int64_t register_limit = int64_t(kNormMaxBlockThreads) * kNormBwdChunks * 8;
+  return row_shape(hidden, hidden <= register_limit ? kNormBwdChunks : kNormBwdLongChunks, kNormMaxBlockThreads);
 }
 
 }  // namespace opente
