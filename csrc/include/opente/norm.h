@@ -41,12 +41,13 @@ extern "C" {
  *
  *   min(rows, 256) * 2 * hidden * sizeof(float)
  *
- * the fp32 partial sums of dgamma and dbeta ([row_blocks, 2, hidden]) that the
- * backward's row blocks write before one pass over them sums each column. 256
- * row blocks is about two CTAs per SM on H100 / H200 (132 SMs); a fixed count
- * keeps the summation order, and so the result, independent of the GPU. The
- * forward needs no scratch of its own today and accepts the same buffer, so a
- * caller sizes one workspace for both directions. */
+ * room for the fp32 partial sums of dgamma and dbeta ([blocks, 2, hidden]) that
+ * the backward's blocks write, a row each, before a last pass sums each column.
+ * The backward runs one wave of blocks (one or two an SM: 132 to 256 on H100 /
+ * H200), at most 256, so the size depends on the shape alone. The summation order follows the grid: results
+ * repeat bit for bit on one GPU model, and may differ in the last bits on a model
+ * with another SM count. The forward needs no scratch of its own today and
+ * accepts the same buffer, so a caller sizes one workspace for both directions. */
 size_t te_norm_workspace_size(int64_t rows, int64_t hidden, te_device device);
 
 /* LayerNorm forward.

@@ -14,8 +14,8 @@ namespace opente {
 
 enum class NormType { kLayerNorm, kRMSNorm };
 
-// The CUDA backward splits the rows into at most this many blocks, each writing
-// fp32 partial sums of dgamma and dbeta; te_norm_workspace_size documents why 256.
+// The CUDA backward runs at most this many blocks, each writing a row of fp32
+// partial sums of dgamma and dbeta (te_norm_workspace_size documents the bound).
 constexpr int64_t kNormMaxRowBlocks = 256;
 
 inline int64_t norm_row_blocks(int64_t rows) { return std::min(rows, kNormMaxRowBlocks); }

@@ -1,0 +1,289 @@
+// LayerNorm and RMSNorm backward on the GPU, in two kernels.
+//
+// 1. Rows: row groups as in the forward (norm_launch.h). A group loads its row of
+//    dz and x once into registers, takes the row's two sums (one shuffle reduction
+//    of a pair) and writes dx. Each thread also adds dz * xhat and dz for its
+//    columns over all the rows it visits, in fp32 registers (rows past 8192: in
+//    its own slots of shared memory); at the end the block adds its groups' sums
+//    in shared memory (a fixed pairwise order) and writes one [2, hidden] row of
+//    partial sums to the workspace. So dz and x are read exactly once.
+// 2. Finalize: threads along hidden add the blocks' partial rows (coalesced) and
+//    write dgamma and dbeta in the weights' dtype.
+// The backward runs one wave of at most kNormMaxRowBlocks blocks, so its partial
+// sums fit te_norm_workspace_size's [min(rows, 256), 2, hidden] floats. The sums'
+// order depends on the grid (the GPU's SM count), and is the same from run to run.
+// Rows too long for registers go to norm_fallback.cu, whose partials the same
+// finalize kernel sums.
+#include <algorithm>
+#include <type_traits>
+
+#include "common/cuda_utils.h"
+#include "common/dtype.h"
+#include "ops/norm/norm_kernels_common.cuh"
+#include "ops/norm/norm_launch.h"
+
+namespace opente {
+namespace {
+
+using namespace norm_kernels;
+
+// dz * xhat and dz of chunk j added to this thread's slots of the shared-memory
+// accumulators (the long-row bucket), kept in the weight tile's order: [kSums][tile].
+template <int kSums>
+__device__ __forceinline__ void accumulate_chunk(float* sums, int tile, const RowGroup& group, int j,
+                                                 const float (&dz)[kChunk], const float (&xhat)[kChunk]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int quad = (j * 2 + h) * group.threads + group.thread;
+    float4* dgamma = reinterpret_cast<float4*>(sums) + quad;
+    float4 a = *dgamma;
+    a.x += dz[4 * h] * xhat[4 * h], a.y += dz[4 * h + 1] * xhat[4 * h + 1];
+    a.z += dz[4 * h + 2] * xhat[4 * h + 2], a.w += dz[4 * h + 3] * xhat[4 * h + 3];
+    *dgamma = a;
+    if constexpr (kSums == 2) {
+      float4* dbeta = reinterpret_cast<float4*>(sums + tile) + quad;
+      float4 b = *dbeta;
+      b.x += dz[4 * h], b.y += dz[4 * h + 1], b.z += dz[4 * h + 2], b.w += dz[4 * h + 3];
+      *dbeta = b;
+    }
+  }
+}
+
+// Partial sums written by block b: partials[b][0][c] = sum dz * xhat, partials[b][1][c]
+// = sum dz (LayerNorm only) over the block's rows. Each thread adds them for its
+// columns over the rows it visits: in registers (kNormBwdChunks), or, for the long
+// rows of the kNormBwdLongChunks bucket (one row group a block), in shared memory.
+// Dynamic shared memory (bwd_smem_bytes): gamma's weight tile, then the sums.
+template <te_dtype kIn, int kChunks, bool kLayerNorm, bool kVectorized>
+__global__ void __launch_bounds__(kNormMaxBlockThreads)
+    norm_bwd_rows_kernel(NormBwdParams p, int threads_per_row, int rows_per_block, float* partials) {
+  using In = typename CudaType<kIn>::type;
+  // LayerNorm reduces (sum dyg, sum dyg * xhat) at once; RMSNorm only the second.
+  using RowSums = std::conditional_t<kLayerNorm, float2, float>;
+  constexpr int kColumnSums = kLayerNorm ? 2 : 1;  // dgamma (and dbeta)
+  constexpr bool kSharedSums = kChunks == kNormBwdLongChunks;
+  extern __shared__ float4 smem[];
+  __shared__ RowSums scratch[2 * kNormMaxBlockWarps];
+  const RowGroup group(threads_per_row);
+  const int hidden = int(p.hidden);  // <= kNormBwdMaxRegisterHidden
+  const int tile = weight_tile_floats(kChunks, threads_per_row);
+  float* gamma_tile = reinterpret_cast<float*>(smem);
+  // kSharedSums: [kColumnSums][tile] in tile order; else [rows_per_block][kColumnSums][hidden]
+  float* sums = gamma_tile + tile;
+  stage_weights<kChunks>(p.gamma, p.w_dtype, hidden, p.zero_centered_gamma ? 1.0f : 0.0f, threads_per_row,
+                         gamma_tile);
+  if constexpr (kSharedSums) {
+    for (int f = int(threadIdx.x); f < kColumnSums * tile; f += int(blockDim.x)) sums[f] = 0.0f;
+  }
+  __syncthreads();
+  // this thread's columns, over its rows (unused with kSharedSums)
+  float dgamma[kChunks][kChunk] = {}, dbeta[kChunks][kChunk] = {};
+  RowReduction<RowSums> reduction(scratch, group);
+
+  // Block-uniform trip count, as in the forward.
+  for (int64_t first = int64_t(blockIdx.x) * rows_per_block; first < p.rows;
+       first += int64_t(gridDim.x) * rows_per_block) {
+    const int64_t r = first + group.index;
+    const bool active = r < p.rows;
+    const int limit = active ? hidden : 0;
+    const float mu = kLayerNorm && active ? p.mu[r] : 0.0f;
+    const float rsigma = active ? p.rsigma[r] : 0.0f;
+    const In* dz_row = static_cast<const In*>(p.dz) + r * p.hidden;  // [hidden]
+    const In* x_row = static_cast<const In*>(p.x) + r * p.hidden;    // [hidden]
+    // Past the row dz = 0 and x = mu, so xhat = 0 there and every sum skips the
+    // column without a test (gamma's tile holds 0 there too).
+    float dz[kChunks][kChunk], x[kChunks][kChunk];
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      load_chunk<kVectorized>(dz_row, group.column(j), limit, 0.0f, dz[j]);
+      load_chunk<kVectorized>(x_row, group.column(j), limit, mu, x[j]);
+    }
+
+    // The CPU reference's formulas, element by element.
+    float xhat[kChunks][kChunk], dyg[kChunks][kChunk];
+    float sum_dyg = 0.0f, sum_dyg_xhat = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      float gamma[kChunk], dyg_xhat[kChunk];
+      read_weights(gamma_tile, group, j, gamma);
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) {
+        xhat[j][i] = (x[j][i] - mu) * rsigma;
+        dyg[j][i] = dz[j][i] * gamma[i];
+        dyg_xhat[i] = dyg[j][i] * xhat[j][i];
+        if constexpr (!kSharedSums) {
+          dgamma[j][i] += dz[j][i] * xhat[j][i];
+          if constexpr (kLayerNorm) dbeta[j][i] += dz[j][i];
+        }
+      }
+      if constexpr (kSharedSums) accumulate_chunk<kColumnSums>(sums, tile, group, j, dz[j], xhat[j]);
+      if constexpr (kLayerNorm) sum_dyg += chunk_sum(dyg[j]);
+      sum_dyg_xhat += chunk_sum(dyg_xhat);
+    }
+    float mean_dyg = 0.0f, mean_dyg_xhat;  // RMSNorm has no mean to subtract
+    if constexpr (kLayerNorm) {
+      const float2 row_sums = reduction.sum(make_float2(sum_dyg, sum_dyg_xhat));
+      mean_dyg = row_sums.x / float(hidden);
+      mean_dyg_xhat = row_sums.y / float(hidden);
+    } else {
+      mean_dyg_xhat = reduction.sum(sum_dyg_xhat) / float(hidden);
+    }
+    if (!active) continue;
+
+    In* dx_row = static_cast<In*>(p.dx) + r * p.hidden;  // [hidden]
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      float dx[kChunk];
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) dx[i] = rsigma * (dyg[j][i] - mean_dyg - xhat[j][i] * mean_dyg_xhat);
+      store_chunk<kVectorized, kIn>(dx_row, group.column(j), hidden, dx);
+    }
+  }
+
+  float* out = partials + int64_t(blockIdx.x) * 2 * hidden;  // [2, hidden]; RMSNorm writes the first
+  if constexpr (kSharedSums) {
+    // one row group a block: its sums are the block's, read back in column order
+    __syncthreads();
+    for (int c = int(threadIdx.x); c < hidden; c += int(blockDim.x)) {
+      const int f = tile_index(c, threads_per_row);
+      out[c] = sums[f];
+      if constexpr (kLayerNorm) out[hidden + c] = sums[tile + f];
+    }
+  } else {
+    // The groups' sums into their slices of shared memory (a group covers every
+    // column exactly once), then the slices folded pairwise in a fixed order.
+    float* mine = sums + int64_t(group.index) * kColumnSums * hidden;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int col = group.column(j);
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) {
+        if (col + i < hidden) {
+          mine[col + i] = dgamma[j][i];
+          if constexpr (kLayerNorm) mine[hidden + col + i] = dbeta[j][i];
+        }
+      }
+    }
+    __syncthreads();
+    const int slice = kColumnSums * hidden;
+    for (int n = rows_per_block; n > 1;) {
+      const int half = (n + 1) / 2;  // slices [half, n) onto [0, n - half)
+      for (int k = int(threadIdx.x); k < (n - half) * slice; k += int(blockDim.x)) {
+        sums[k] += sums[k + half * slice];
+      }
+      __syncthreads();
+      n = half;
+    }
+    for (int k = int(threadIdx.x); k < slice; k += int(blockDim.x)) out[k] = sums[k];
+  }
+}
+
+// dgamma[c] (dbeta[c]) = sum over the `slots` partial rows [slots, 2, hidden]. A block
+// takes 32 columns; its 16 rows of threads each add every 16th slot, then row 0 adds
+// the 16 results in order.
+constexpr int kFinalizeColumns = 32;
+constexpr int kFinalizeLanes = 16;
+
+__global__ void __launch_bounds__(kFinalizeColumns* kFinalizeLanes)
+    norm_bwd_finalize_kernel(const float* partials, int64_t slots, int64_t hidden, void* dgamma, void* dbeta,
+                             te_dtype w_dtype) {
+  __shared__ float sums[2][kFinalizeLanes][kFinalizeColumns];
+  const int64_t c = int64_t(blockIdx.x) * kFinalizeColumns + threadIdx.x;
+  KahanSum dg, db;  // up to 256 / 16 terms a lane, then 16 lanes: cheap to compensate here
+  if (c < hidden) {
+    for (int64_t s = threadIdx.y; s < slots; s += kFinalizeLanes) {
+      const float* slot = partials + s * 2 * hidden;  // [2, hidden]
+      dg.add(slot[c]);
+      if (dbeta) db.add(slot[hidden + c]);
+    }
+  }
+  sums[0][threadIdx.y][threadIdx.x] = dg.sum;
+  sums[1][threadIdx.y][threadIdx.x] = db.sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < hidden) {
+    KahanSum dg_all, db_all;
+    for (int y = 0; y < kFinalizeLanes; ++y) {
+      dg_all.add(sums[0][y][threadIdx.x]);
+      db_all.add(sums[1][y][threadIdx.x]);
+    }
+    store_param(dgamma, c, w_dtype, dg_all.sum);
+    if (dbeta) store_param(dbeta, c, w_dtype, db_all.sum);
+  }
+}
+
+size_t bwd_smem_bytes(const NormBwdParams& p, const NormRowShape& shape) {
+  const size_t column_sums = p.type == NormType::kLayerNorm ? 2 : 1;
+  const size_t tile = weight_tile_floats(shape.chunks, shape.threads_per_row);
+  const size_t sums = shape.chunks == kNormBwdLongChunks ? column_sums * tile
+                                                         : size_t(shape.rows_per_block) * column_sums * size_t(p.hidden);
+  return (tile + sums) * sizeof(float);
+}
+
+// Launches the rows kernel; returns how many partial rows it writes.
+int64_t launch_rows_kernel(const NormBwdParams& p, const NormRowShape& shape, int device, float* partials,
+                           cudaStream_t stream) {
+  const bool layernorm = p.type == NormType::kLayerNorm;
+  const bool vectorized =
+      p.hidden % kChunk == 0 && is_aligned(p.dz, 16) && is_aligned(p.x, 16) && is_aligned(p.dx, 16);
+  const size_t smem = bwd_smem_bytes(p, shape);
+  int64_t grid = 0;
+  auto launch = [&](auto kernel) {
+    const void* fn = reinterpret_cast<const void*>(kernel);
+    grid = std::min(norm_resident_grid(fn, shape, smem, p.rows, device), kNormMaxRowBlocks);
+    kernel<<<unsigned(grid), unsigned(shape.block_threads()), smem, stream>>>(
+        p, shape.threads_per_row, shape.rows_per_block, partials);
+    check_launch("norm_bwd_rows_kernel");
+  };
+  // the one switch from the shape's bucket and the norm to template arguments
+  auto launch_bucket = [&](auto in_tag, auto vectorized_tag) {
+    constexpr te_dtype kIn = decltype(in_tag)::value;
+    constexpr bool kVec = decltype(vectorized_tag)::value;
+    if (shape.chunks == kNormBwdChunks) {
+      if (layernorm) {
+        launch(norm_bwd_rows_kernel<kIn, kNormBwdChunks, true, kVec>);
+      } else {
+        launch(norm_bwd_rows_kernel<kIn, kNormBwdChunks, false, kVec>);
+      }
+    } else {
+      if (layernorm) {
+        launch(norm_bwd_rows_kernel<kIn, kNormBwdLongChunks, true, kVec>);
+      } else {
+        launch(norm_bwd_rows_kernel<kIn, kNormBwdLongChunks, false, kVec>);
+      }
+    }
+  };
+  dispatch_float_dtype(p.in_dtype, [&](auto in_tag) {
+    if (vectorized) {
+      launch_bucket(in_tag, std::true_type{});
+    } else {
+      launch_bucket(in_tag, std::false_type{});
+    }
+  });
+  return grid;
+}
+
+}  // namespace
+
+// norm.cpp has checked the workspace against te_norm_workspace_size: it holds
+// [norm_row_blocks(rows), 2, hidden] floats, and neither path writes more rows.
+void norm_bwd_cuda(const NormBwdParams& p, int device, void* workspace, size_t /*workspace_size*/, void* stream) {
+  DeviceGuard guard(device);
+  const cudaStream_t s = as_stream(stream);
+  auto* partials = static_cast<float*>(workspace);  // [slots, 2, hidden]
+  int64_t slots = 0;                                // zero rows: dgamma = dbeta = 0
+  if (p.rows > 0) {
+    const NormRowShape shape = norm_bwd_row_shape(p.hidden);
+    if (shape.in_registers()) {
+      slots = launch_rows_kernel(p, shape, device, partials, s);
+    } else {
+      norm_bwd_fallback_cuda(p, device, partials, stream);
+      slots = norm_row_blocks(p.rows);
+    }
+  }
+  const int64_t col_blocks = (p.hidden + kFinalizeColumns - 1) / kFinalizeColumns;
+  norm_bwd_finalize_kernel<<<unsigned(col_blocks), dim3(kFinalizeColumns, kFinalizeLanes), 0, s>>>(
+      partials, slots, p.hidden, p.dgamma, p.dbeta, p.w_dtype);
+  check_launch("norm_bwd_finalize_kernel");
+}
+
+}  // namespace opente

@@ -1,0 +1,209 @@
+// LayerNorm and RMSNorm forward on the GPU.
+//
+// A row group (norm_launch.h: a few lanes of a warp for short rows, one warp up to
+// hidden 1024, several warps above) reads its row once into registers as 16-byte
+// vectors, then takes the mean and the variance from the registers (two passes, as
+// the CPU reference) and writes y. Sums are shuffles inside a warp, plus one
+// barrier of the group's warps alone for multi-warp rows. gamma and beta are
+// staged once per block in shared memory, before the blocks stride over the rows,
+// and reused for every row. One wave of blocks; an FP8 output's amax costs one
+// atomic a block.
+//
+// Rows that are not 16-byte vectors (hidden % 8 != 0, or a misaligned view) take
+// the same kernel element by element, with the output dtype read at run time: one
+// instantiation per input dtype for that rarer case. Rows too long for registers
+// go to norm_fallback.cu.
+#include <algorithm>
+#include <type_traits>
+
+#include "common/cuda_utils.h"
+#include "common/dtype.h"
+#include "ops/norm/norm_kernels_common.cuh"
+#include "ops/norm/norm_launch.h"
+
+namespace opente {
+namespace {
+
+using namespace norm_kernels;
+
+// y to columns [col, col + 8) of output row `r` (and of the FP8 transposed output).
+// Element-wise (!kVectorized): in the dtype p.out_dtype, kOut unused.
+template <bool kVectorized, te_dtype kOut>
+__device__ __forceinline__ void store_y(const NormFwdParams& p, int64_t r, int col, int hidden, bool fp8,
+                                        const float (&y)[kChunk]) {
+  if constexpr (!kVectorized) {
+    if (p.output) {
+      const int64_t row = r * p.hidden;
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) {
+        if (col + i < hidden) store_element_as(p.output, row + col + i, p.out_dtype, y[i]);
+      }
+    }
+  } else if (p.output) {
+    using Out = typename Stored<kOut>::type;
+    store_chunk<kVectorized, kOut>(static_cast<Out*>(p.output) + r * p.hidden, col, hidden, y);
+  }
+  if (fp8 && p.output_t) {  // [hidden, rows]: byte stores a row apart (a tiled transpose is still to come)
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) {
+      if (col + i < hidden) {
+        const int64_t at = int64_t(col + i) * p.rows + r;
+        if constexpr (!kVectorized) {
+          store_element_as(p.output_t, at, p.out_dtype, y[i]);
+        } else if constexpr (kIsFp8<kOut>) {
+          store_element<kOut>(p.output_t, at, y[i]);
+        }
+      }
+    }
+  }
+}
+
+// kChunks: the shape's bucket (8-element chunks a thread holds). kVectorized: see
+// load_chunk; it also requires the row-wise output 16-byte (FP8: 8-byte) aligned.
+// kOut: the output dtype of the vectorized instantiations; the element-wise ones
+// read p.out_dtype instead (one instantiation per input dtype for that rarer
+// case; the dispatch passes kIn as kOut there).
+// Dynamic shared memory: the weight tiles of gamma (and beta), fwd_smem_bytes().
+template <te_dtype kIn, te_dtype kOut, int kChunks, bool kLayerNorm, bool kVectorized>
+__global__ void __launch_bounds__(kNormMaxBlockThreads)
+    norm_fwd_rows_kernel(NormFwdParams p, int threads_per_row, int rows_per_block) {
+  using In = typename CudaType<kIn>::type;
+  constexpr bool kMaybeFp8 = !kVectorized || kIsFp8<kOut>;
+  const bool fp8 = kVectorized ? kIsFp8<kOut> : is_fp8_dtype(p.out_dtype);
+  extern __shared__ float4 weight_tiles[];  // gamma's tile, then beta's
+  __shared__ float scratch[2 * kNormMaxBlockWarps];
+  const RowGroup group(threads_per_row);
+  const int hidden = int(p.hidden);  // <= kNormFwdMaxRegisterHidden
+  float* gamma_tile = reinterpret_cast<float*>(weight_tiles);
+  float* beta_tile = gamma_tile + weight_tile_floats(kChunks, threads_per_row);
+  stage_weights<kChunks>(p.gamma, p.w_dtype, hidden, p.zero_centered_gamma ? 1.0f : 0.0f, threads_per_row,
+                         gamma_tile);
+  if constexpr (kLayerNorm) stage_weights<kChunks>(p.beta, p.w_dtype, hidden, 0.0f, threads_per_row, beta_tile);
+  __syncthreads();
+  RowReduction<float> reduction(scratch, group);
+  const float scale = fp8 ? *p.scale : 1.0f;
+  float amax = 0.0f;
+
+  // The trip count is the block's, so every warp joins every shuffle; a group past
+  // the last row computes on zeros and writes nothing.
+  for (int64_t first = int64_t(blockIdx.x) * rows_per_block; first < p.rows;
+       first += int64_t(gridDim.x) * rows_per_block) {
+    const int64_t r = first + group.index;
+    const bool active = r < p.rows;
+    const In* x_row = static_cast<const In*>(p.input) + r * p.hidden;  // [hidden]
+    float x[kChunks][kChunk];
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) load_chunk<kVectorized>(x_row, group.column(j), active ? hidden : 0, 0.0f, x[j]);
+
+    float mu = 0.0f;  // RMSNorm: no centering
+    if constexpr (kLayerNorm) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) sum += chunk_sum(x[j]);
+      mu = reduction.sum(sum) / float(hidden);
+    }
+    float sum_sq = 0.0f;  // of (x - mu)^2 over the row's columns only
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int col = group.column(j);
+      float sq[kChunk];
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) {
+        const float d = x[j][i] - mu;
+        sq[i] = in_row<kVectorized>(col, i, hidden) ? d * d : 0.0f;
+      }
+      sum_sq += chunk_sum(sq);
+    }
+    const float rsigma = 1.0f / sqrtf(reduction.sum(sum_sq) / float(hidden) + p.eps);
+    if (!active) continue;  // the group's last shuffle or barrier of this row is behind
+    if (group.thread == 0) {
+      if constexpr (kLayerNorm) p.mu[r] = mu;
+      p.rsigma[r] = rsigma;
+    }
+
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int col = group.column(j);
+      float y[kChunk], gamma[kChunk], beta[kChunk];
+      read_weights(gamma_tile, group, j, gamma);
+      if constexpr (kLayerNorm) read_weights(beta_tile, group, j, beta);
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) {
+        y[i] = (x[j][i] - mu) * rsigma * gamma[i];  // the CPU reference's order: xhat, then * g
+        if constexpr (kLayerNorm) y[i] += beta[i];
+        if constexpr (kMaybeFp8) {
+          if (fp8) {
+            // past the row y is 0 (or NaN where rsigma is inf), which fmaxf ignores
+            amax = fmaxf(amax, fabsf(y[i]));
+            y[i] *= scale;
+          }
+        }
+      }
+      store_y<kVectorized, kOut>(p, r, col, hidden, fp8, y);
+    }
+  }
+
+  if constexpr (kMaybeFp8) {
+    if (fp8) {
+      if (p.amax) block_amax_to_global(amax, p.amax);
+      if (p.scale_inv && blockIdx.x == 0 && threadIdx.x == 0) *p.scale_inv = 1.0f / scale;
+    }
+  }
+}
+
+size_t fwd_smem_bytes(const NormFwdParams& p, const NormRowShape& shape) {
+  const int tiles = p.type == NormType::kLayerNorm ? 2 : 1;
+  return size_t(tiles) * weight_tile_floats(shape.chunks, shape.threads_per_row) * sizeof(float);
+}
+
+}  // namespace
+
+void norm_fwd_cuda(const NormFwdParams& p, int device, void* /*workspace: unused*/, size_t /*workspace_size*/,
+                   void* stream) {
+  DeviceGuard guard(device);
+  const NormRowShape shape = norm_fwd_row_shape(p.hidden);
+  if (!shape.in_registers()) {
+    norm_fwd_fallback_cuda(p, device, stream);
+    return;
+  }
+  const size_t smem = fwd_smem_bytes(p, shape);
+  auto launch = [&](auto kernel) {
+    // at least one block even for zero rows: it still writes an FP8 output's scale_inv
+    const int64_t grid = norm_resident_grid(reinterpret_cast<const void*>(kernel), shape, smem, p.rows, device);
+    kernel<<<unsigned(grid), unsigned(shape.block_threads()), smem, as_stream(stream)>>>(
+        p, shape.threads_per_row, shape.rows_per_block);
+    check_launch("norm_fwd_rows_kernel");
+  };
+  // the one switch from the shape's bucket and the norm to template arguments
+  auto launch_bucket = [&](auto in_tag, auto out_tag, auto vectorized_tag) {
+    constexpr te_dtype kIn = decltype(in_tag)::value, kOut = decltype(out_tag)::value;
+    constexpr bool kVec = decltype(vectorized_tag)::value;
+    const bool layernorm = p.type == NormType::kLayerNorm;
+    if (shape.chunks == kNormFwdSmallChunks) {
+      if (layernorm) {
+        launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdSmallChunks, true, kVec>);
+      } else {
+        launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdSmallChunks, false, kVec>);
+      }
+    } else {
+      if (layernorm) {
+        launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdChunks, true, kVec>);
+      } else {
+        launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdChunks, false, kVec>);
+      }
+    }
+  };
+  const bool vectorized = p.hidden % kChunk == 0 && is_aligned(p.input, 16) &&
+                          (p.output == nullptr || is_aligned(p.output, is_fp8(p.out_dtype) ? 8 : 16));
+  dispatch_float_dtype(p.in_dtype, [&](auto in_tag) {
+    if (vectorized) {
+      dispatch_any_float_dtype(p.out_dtype, [&](auto out_tag) {
+        launch_bucket(in_tag, out_tag, std::true_type{});
+      });
+    } else {
+      launch_bucket(in_tag, in_tag, std::false_type{});
+    }
+  });
+}
+
+}  // namespace opente

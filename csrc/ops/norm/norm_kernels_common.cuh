@@ -1,0 +1,274 @@
+// Device-side building blocks of the norm kernels: a row group's view of its row
+// (which columns a thread holds), chunk loads and stores with their bounds, the
+// weights staged once per block, and the sums over a row group.
+#pragma once
+
+#include <stdint.h>
+
+#include <type_traits>
+
+#include "common/cuda_elements.cuh"
+#include "common/cuda_reduce.cuh"
+#include "ops/norm/norm_launch.h"
+
+namespace opente {
+namespace norm_kernels {
+
+constexpr int kChunk = 8;  // elements a thread loads at once: 16 bytes of a 16-bit dtype
+
+template <te_dtype D>
+constexpr bool kIsFp8 = D == TE_DTYPE_FLOAT8_E4M3 || D == TE_DTYPE_FLOAT8_E5M2;
+
+__device__ __forceinline__ bool is_fp8_dtype(te_dtype d) {
+  return d == TE_DTYPE_FLOAT8_E4M3 || d == TE_DTYPE_FLOAT8_E5M2;
+}
+
+// How a kernel stores an element of dtype D: its CUDA type, FP8 as a byte.
+template <te_dtype D, bool = kIsFp8<D>>
+struct Stored {
+  using type = uint8_t;
+};
+template <te_dtype D>
+struct Stored<D, false> {
+  using type = typename CudaType<D>::type;
+};
+
+// A gamma / beta / dgamma element of a runtime dtype: the kernels touch the weights
+// once per thread (or per column), so a switch costs less than more instantiations.
+__device__ __forceinline__ float load_param(const void* p, int64_t i, te_dtype dtype) {
+  switch (dtype) {
+    case TE_DTYPE_FLOAT16: return __half2float(static_cast<const __half*>(p)[i]);
+    case TE_DTYPE_BFLOAT16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+__device__ __forceinline__ void store_param(void* p, int64_t i, te_dtype dtype, float v) {
+  switch (dtype) {
+    case TE_DTYPE_FLOAT16: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
+    case TE_DTYPE_BFLOAT16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
+    default: static_cast<float*>(p)[i] = v;
+  }
+}
+
+// One output element (FP8 as its byte).
+template <te_dtype kOut>
+__device__ __forceinline__ void store_element(void* base, int64_t i, float y) {
+  if constexpr (kIsFp8<kOut>) {
+    static_cast<uint8_t*>(base)[i] = float_to_fp8<kOut>(y);
+  } else {
+    using T = typename CudaType<kOut>::type;
+    static_cast<T*>(base)[i] = from_float<T>(y);
+  }
+}
+
+// The part of a block that normalizes one row at a time: `threads` consecutive
+// threads (a power of two <= 32 inside a warp, or whole warps).
+struct RowGroup {
+  int threads;  // threads_per_row
+  int index;    // which group of the block, [0, rows_per_block)
+  int thread;   // this thread's rank in the group, [0, threads)
+
+  __device__ __forceinline__ explicit RowGroup(int threads_per_row)
+      : threads(threads_per_row),
+        index(int(threadIdx.x) / threads_per_row),
+        thread(int(threadIdx.x) % threads_per_row) {}
+
+  // First column of this thread's chunk j: neighbouring threads hold neighbouring
+  // 8-element chunks, so a warp's loads of chunk j are contiguous.
+  __device__ __forceinline__ int column(int j) const { return (j * threads + thread) * kChunk; }
+};
+
+// Chunk [col, col + 8) of a row as fp32; columns at or past `limit` read as `fill`.
+// kVectorized: hidden % 8 == 0 and the row 16-byte aligned, so a chunk is all in
+// the row or all past it and loads as one 16-byte vector (two for fp32); else
+// element by element.
+template <bool kVectorized, class T>
+__device__ __forceinline__ void load_chunk(const T* row, int col, int limit, float fill, float (&v)[kChunk]) {
+  if constexpr (kVectorized) {
+    if (col < limit) {
+      const Vec8<T> raw = *reinterpret_cast<const Vec8<T>*>(row + col);
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) v[i] = to_float(raw.v[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) v[i] = fill;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) v[i] = col + i < limit ? to_float(row[col + i]) : fill;
+  }
+}
+
+// Whether element i of the chunk at `col` lies in the row (for kVectorized the
+// whole chunk does or does not: one predicate a chunk instead of eight, which
+// ptxas would otherwise keep in registers across the row loop).
+template <bool kVectorized>
+__device__ __forceinline__ bool in_row(int col, int i, int hidden) {
+  return kVectorized ? col < hidden : col + i < hidden;
+}
+
+// y[0..8) to columns [col, col + 8) of a row of kOut elements, those < hidden.
+// kVectorized as for load_chunk (for FP8 the row need only be 8-byte aligned).
+template <bool kVectorized, te_dtype kOut>
+__device__ __forceinline__ void store_chunk(void* row, int col, int hidden, const float (&y)[kChunk]) {
+  if constexpr (kVectorized) {
+    if (col >= hidden) return;
+    if constexpr (kIsFp8<kOut>) {
+      uint32_t words[2];
+#pragma unroll
+      for (int w = 0; w < 2; ++w) {
+        words[w] = uint32_t(float2_to_fp8x2<kOut>(y[4 * w], y[4 * w + 1])) |
+                   (uint32_t(float2_to_fp8x2<kOut>(y[4 * w + 2], y[4 * w + 3])) << 16);
+      }
+      *reinterpret_cast<uint2*>(static_cast<uint8_t*>(row) + col) = make_uint2(words[0], words[1]);
+    } else {
+      using T = typename CudaType<kOut>::type;
+      Vec8<T> vec;
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) vec.v[i] = from_float<T>(y[i]);
+      *reinterpret_cast<Vec8<T>*>(static_cast<T*>(row) + col) = vec;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) {
+      if (col + i < hidden) store_element<kOut>(row, col + i, y[i]);
+    }
+  }
+}
+
+// One element of a runtime dtype: float or FP8 (a uniform branch).
+__device__ __forceinline__ void store_element_as(void* base, int64_t i, te_dtype dtype, float y) {
+  switch (dtype) {
+    case TE_DTYPE_FLOAT8_E4M3: store_element<TE_DTYPE_FLOAT8_E4M3>(base, i, y); break;
+    case TE_DTYPE_FLOAT8_E5M2: store_element<TE_DTYPE_FLOAT8_E5M2>(base, i, y); break;
+    default: store_param(base, i, dtype, y);
+  }
+}
+
+// A weight vector (gamma or beta) staged once per block in shared memory as fp32,
+// in the order the row group reads it: float4 number (j * 2 + h) * threads + t
+// holds columns column(j) + 4h ... + 3 of thread t, so a warp's reads of one
+// half-chunk are consecutive 16-byte words (no bank conflicts), and the groups of
+// a block (same columns) share it. Columns past `hidden` hold 0, so padded
+// columns contribute nothing. Registers are better spent on the row itself: with
+// 32 elements of x, gamma and beta in fp32 registers the forward spilled (ptxas,
+// sm_90a), and fewer live registers leave room for more rows in flight.
+// Size: weight_tile_floats(chunks, threads) floats, a multiple of 8.
+__host__ __device__ constexpr int weight_tile_floats(int chunks, int threads_per_row) {
+  return chunks * kChunk * threads_per_row;
+}
+
+// Every thread of the block calls this; __syncthreads() before the tile is read.
+template <int kChunks>
+__device__ __forceinline__ void stage_weights(const void* w, te_dtype dtype, int hidden, float shift,
+                                              int threads_per_row, float* tile) {
+  const int n = weight_tile_floats(kChunks, threads_per_row);
+  for (int f = int(threadIdx.x); f < n; f += int(blockDim.x)) {
+    const int quad = f / 4, t = quad % threads_per_row, jh = quad / threads_per_row;
+    const int col = ((jh / 2) * threads_per_row + t) * kChunk + (jh % 2) * 4 + f % 4;
+    tile[f] = col < hidden ? load_param(w, col, dtype) + shift : 0.0f;
+  }
+}
+
+// Where column `col` lies in a tile (the inverse of stage_weights' order).
+__device__ __forceinline__ int tile_index(int col, int threads_per_row) {
+  const int chunk = col / kChunk, t = chunk % threads_per_row, j = chunk / threads_per_row;
+  const int h = (col % kChunk) / 4;
+  return ((j * 2 + h) * threads_per_row + t) * 4 + col % 4;
+}
+
+// This thread's chunk j of a staged weight vector.
+__device__ __forceinline__ void read_weights(const float* tile, const RowGroup& group, int j, float (&v)[kChunk]) {
+  const float4* quads = reinterpret_cast<const float4*>(tile);
+  const float4 lo = quads[(j * 2) * group.threads + group.thread];
+  const float4 hi = quads[(j * 2 + 1) * group.threads + group.thread];
+  v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w;
+  v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+}
+
+// The 8 values of a chunk added pairwise: a thread's share of a row sum then adds
+// kChunks of these in turn, so its rounding error grows with log2(8) + kChunks
+// terms instead of 8 * kChunks (same additions, more of them independent).
+__device__ __forceinline__ float chunk_sum(const float (&v)[kChunk]) {
+  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+}
+
+// Compensated (Kahan) summation, for long sequential sums outside the hot loops.
+struct KahanSum {
+  float sum = 0.0f, carry = 0.0f;
+  __device__ __forceinline__ void add(float v) {
+    const float y = v - carry;
+    const float t = sum + y;
+    carry = (t - sum) - y;
+    sum = t;
+  }
+};
+
+__device__ __forceinline__ float add(float a, float b) { return a + b; }
+__device__ __forceinline__ float2 add(float2 a, float2 b) { return make_float2(a.x + b.x, a.y + b.y); }
+__device__ __forceinline__ float shfl_xor(float v, int offset) { return __shfl_xor_sync(0xffffffffu, v, offset); }
+__device__ __forceinline__ float2 shfl_xor(float2 v, int offset) {
+  return make_float2(__shfl_xor_sync(0xffffffffu, v.x, offset), __shfl_xor_sync(0xffffffffu, v.y, offset));
+}
+
+// Waits for the `threads` threads (whole warps) of one row group only, so the other
+// groups of the block go on loading and storing meanwhile.
+__device__ __forceinline__ void sync_row_group(int barrier, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(barrier), "r"(threads) : "memory");
+}
+
+// Sums over a row group, returned to all its threads: a shuffle butterfly inside the
+// warp, then (groups of several warps) the warps' sums through shared memory, added
+// in warp order. Every thread ends with the same bits (a + b == b + a in IEEE), so
+// the statistics a group derives agree across its threads.
+// Scratch: [2][kNormMaxBlockWarps] alternating between calls, so one barrier a sum
+// suffices: a warp that writes a buffer again has passed the barrier of the sum in
+// between, which every reader of the buffer's previous sum has reached first.
+// All threads of a warp must call sum() together (full-warp shuffles).
+template <class V>
+class RowReduction {
+ public:
+  __device__ __forceinline__ RowReduction(V* scratch, const RowGroup& group) : scratch_(scratch), group_(group) {}
+
+  __device__ __forceinline__ V sum(V v) {
+    const int width = group_.threads < 32 ? group_.threads : 32;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      if (offset < width) v = add(v, shfl_xor(v, offset));  // lanes of a group stay in its aligned span
+    }
+    if (group_.threads <= 32) return v;
+    const int warps = group_.threads / 32;
+    const int first_warp = group_.index * warps;
+    V* buf = scratch_ + parity_ * kNormMaxBlockWarps;
+    parity_ ^= 1;
+    if (threadIdx.x % 32 == 0) buf[threadIdx.x / 32] = v;
+    sync_row_group(1 + group_.index, group_.threads);  // barrier 0 is __syncthreads'
+    V total = buf[first_warp];
+    for (int w = 1; w < warps; ++w) total = add(total, buf[first_warp + w]);
+    return total;
+  }
+
+ private:
+  V* scratch_;
+  RowGroup group_;
+  int parity_ = 0;
+};
+
+// Max of non-negative per-thread values over the block, folded into *amax with one
+// atomic (a block of any multiple of 32 threads, at most kNormMaxBlockThreads).
+// Every thread of the block must call it.
+__device__ __forceinline__ void block_amax_to_global(float v, float* amax) {
+  __shared__ float warp_max_values[kNormMaxBlockWarps];
+  v = warp_max(v);
+  if (threadIdx.x % 32 == 0) warp_max_values[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float m = 0.0f;
+    for (int w = 0; w < int(blockDim.x) / 32; ++w) m = fmaxf(m, warp_max_values[w]);
+    atomic_max_nonnegative(amax, m);
+  }
+}
+
+}  // namespace norm_kernels
+}  // namespace opente

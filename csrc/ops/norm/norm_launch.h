@@ -1,0 +1,63 @@
+// Launch shapes of the CUDA norm kernels: the one place for their heuristics.
+//
+// The register kernels (norm_fwd.cu, norm_bwd.cu) give each row to a group of
+// `threads_per_row` threads; each thread keeps `chunks` 8-element pieces of the
+// row in registers (chunk j of thread t covers columns (j * threads_per_row + t) * 8
+// ... + 7), so a group covers threads_per_row * chunks * 8 >= hidden columns.
+// A block holds `rows_per_block` such groups side by side. Rows whose hidden size
+// does not fit the largest group go to the fallback kernels (norm_fallback.cu).
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ops/norm/norm_params.h"
+
+namespace opente {
+
+// Threads of a block of the register kernels, at most (their __launch_bounds__):
+// 128 registers a thread, so that even the largest row group (16 warps) fits an SM.
+constexpr int kNormMaxBlockThreads = 512;
+constexpr int kNormMaxBlockWarps = kNormMaxBlockThreads / 32;
+
+struct NormRowShape {
+  int chunks = 0;           // 8-element chunks a thread holds: a compile-time bucket; 0 = fallback
+  int threads_per_row = 0;  // a power of two <= 32 (several rows a warp), or a multiple of 32 <= 512
+  int rows_per_block = 0;   // row groups of a block
+
+  bool in_registers() const { return chunks > 0; }
+  int block_threads() const { return threads_per_row * rows_per_block; }
+};
+
+// The forward's shape for rows of `hidden` elements; chunks == 0 beyond kNormFwdMaxRegisterHidden.
+NormRowShape norm_fwd_row_shape(int64_t hidden);
+// The backward's; chunks == 0 beyond kNormBwdMaxRegisterHidden.
+NormRowShape norm_bwd_row_shape(int64_t hidden);
+
+// The compile-time buckets: chunks a thread holds. Forward: 2 (hidden <= 512) or 4.
+// Backward: 2 up to hidden 8192 (a column costs it x hat, dz * gamma and two
+// accumulators in registers), 4 above, with the accumulators in shared memory
+// (one row group of up to 512 threads a block).
+constexpr int kNormFwdSmallChunks = 2;
+constexpr int kNormFwdChunks = 4;
+constexpr int kNormBwdChunks = 2;
+constexpr int kNormBwdLongChunks = 4;
+
+// Longest rows the register kernels take: 512 threads x 32 elements.
+constexpr int64_t kNormFwdMaxRegisterHidden = int64_t(kNormMaxBlockThreads) * kNormFwdChunks * 8;
+constexpr int64_t kNormBwdMaxRegisterHidden = int64_t(kNormMaxBlockThreads) * kNormBwdLongChunks * 8;
+
+// Blocks for a register kernel striding over `rows` rows: one wave (the kernel's
+// occupancy at this block size and dynamic shared memory, times the SM count), no
+// more blocks than row groups need, at least 1. Also raises the kernel's dynamic
+// shared memory limit on `device` (the current device) when `dynamic_smem` needs it.
+int64_t norm_resident_grid(const void* kernel, const NormRowShape& shape, size_t dynamic_smem, int64_t rows,
+                           int device);
+
+// Fallback kernels for rows too long for registers.
+void norm_fwd_fallback_cuda(const NormFwdParams& p, int device, void* stream);
+// Writes dx and the [norm_row_blocks(rows), 2, hidden] fp32 partial sums of dgamma and
+// dbeta into `partials`; norm_bwd.cu's finalize kernel sums them.
+void norm_bwd_fallback_cuda(const NormBwdParams& p, int device, float* partials, void* stream);
+
+}  // namespace opente

@@ -1,0 +1,61 @@
+// Launch shapes of the norm kernels (norm_launch.h): plain C++, so the CPU test
+// suite checks them for every hidden size.
+#include <algorithm>
+
+#include "ops/norm/norm_launch.h"
+
+namespace opente {
+
+namespace {
+
+// Threads a row needs when each keeps `elements` columns: up to 32, the next power
+// of two (the row's lanes then align inside a warp and reduce with shuffles alone);
+// above, whole warps, at most kNormMaxBlockThreads. 0 when the row does not fit.
+int threads_per_row(int64_t hidden, int elements) {
+  const int64_t needed = (hidden + elements - 1) / elements;
+  if (needed <= 32) {
+    int threads = 1;
+    while (threads < needed) threads *= 2;
+    return threads;
+  }
+  const int64_t threads = (needed + 31) / 32 * 32;
+  return threads <= kNormMaxBlockThreads ? int(threads) : 0;
+}
+
+NormRowShape row_shape(int64_t hidden, int chunks, int target_block_threads) {
+  const int threads = threads_per_row(hidden, chunks * 8);
+  if (threads == 0) return {};
+  NormRowShape shape;
+  shape.chunks = chunks;
+  shape.threads_per_row = threads;
+  shape.rows_per_block = std::max(1, target_block_threads / threads);
+  return shape;
+}
+
+}  // namespace
+
+// Forward: 16 elements a thread up to hidden 512 (2 chunks: short rows spread over
+// more lanes), 32 above (4 chunks), so hidden 1024 is a warp a row and 4096 four
+// warps. Only x lives in registers across the row (gamma and beta are read from
+// shared memory): 54-66 registers with a 16-bit or fp32 output, 84-106 with an FP8
+// one (ptxas, sm_90a, CUDA 13.0; 128 with x, gamma and beta all in registers, which
+// spilled). Blocks of 256 threads: two or three blocks an SM, whose reductions and
+// loads interleave.
+NormRowShape norm_fwd_row_shape(int64_t hidden) {
+  if (hidden > kNormFwdMaxRegisterHidden) return {};
+  return row_shape(hidden, hidden <= 512 ? kNormFwdSmallChunks : kNormFwdChunks, 256);
+}
+
+// Backward: 16 elements a thread: x hat and dz * gamma live across the row's
+// reduction, next to the dgamma / dbeta accumulators (94-101 registers for
+// LayerNorm, 75-90 for RMSNorm). Blocks of 512 threads, one an SM: the block's
+// partial sums go to the workspace once per block, so fewer, larger blocks write
+// and re-read less. Past hidden 8192, 32 elements a thread with the accumulators
+// in shared memory (a row group of 288 to 512 threads, alone in its block).
+NormRowShape norm_bwd_row_shape(int64_t hidden) {
+  if (hidden > kNormBwdMaxRegisterHidden) return {};
+  const int64_t register_limit = int64_t(kNormMaxBlockThreads) * kNormBwdChunks * 8;
+  return row_shape(hidden, hidden <= register_limit ? kNormBwdChunks : kNormBwdLongChunks, kNormMaxBlockThreads);
+}
+
+}  // namespace opente

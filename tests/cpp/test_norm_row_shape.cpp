@@ -1,0 +1,90 @@
+// The launch shapes of the CUDA norm kernels (ops/norm/norm_launch.h), checked on
+// the CPU for every hidden size up to past the register limits: the kernels rely on
+// these properties (a row group covers its row, warp-aligned groups, named barrier
+// ids, shared memory within an SM's), and a GPU run only meets the sizes it tests.
+#include <gtest/gtest.h>
+
+#include "ops/norm/norm_launch.h"
+
+namespace {
+
+using opente::NormRowShape;
+
+constexpr int kMaxSmemPerBlock = 227 * 1024;  // Hopper's opt-in limit
+
+bool is_power_of_two(int v) { return v > 0 && (v & (v - 1)) == 0; }
+
+// Properties every register-kernel shape must have; `what` names the case.
+void check_shape(const NormRowShape& s, int64_t hidden, const char* what) {
+  SCOPED_TRACE(testing::Message() << what << " hidden " << hidden);
+  ASSERT_TRUE(s.in_registers());
+  const int t = s.threads_per_row;
+  // a power of two inside a warp (lanes of a group stay in an aligned span of the
+  // shuffle butterfly), or whole warps
+  EXPECT_TRUE(t <= 32 ? is_power_of_two(t) : t % 32 == 0) << t;
+  EXPECT_LE(t, opente::kNormMaxBlockThreads);
+  // the group covers the row, and is the smallest that does
+  const int64_t per_thread = int64_t(s.chunks) * 8;
+  EXPECT_GE(int64_t(t) * per_thread, hidden);
+  const int smaller = t <= 32 ? t / 2 : t - 32;
+  if (smaller > 0) EXPECT_LT(int64_t(smaller) * per_thread, hidden);
+  // blocks of whole warps, within the kernels' __launch_bounds__
+  EXPECT_GE(s.rows_per_block, 1);
+  EXPECT_EQ(s.block_threads() % 32, 0) << s.block_threads();
+  EXPECT_LE(s.block_threads(), opente::kNormMaxBlockThreads);
+  // multi-warp groups synchronize on named barriers 1 ... rows_per_block
+  if (t > 32) EXPECT_LE(s.rows_per_block, 15);
+}
+
+TEST(NormRowShape, ForwardBuckets) {
+  for (int64_t hidden = 1; hidden <= opente::kNormFwdMaxRegisterHidden; ++hidden) {
+    const NormRowShape s = opente::norm_fwd_row_shape(hidden);
+    check_shape(s, hidden, "forward");
+    EXPECT_EQ(s.chunks, hidden <= 512 ? opente::kNormFwdSmallChunks : opente::kNormFwdChunks) << hidden;
+    // the weight tiles of gamma and beta (fp32) in shared memory
+    EXPECT_LE(2 * s.chunks * 8 * s.threads_per_row * 4, kMaxSmemPerBlock) << hidden;
+  }
+  EXPECT_FALSE(opente::norm_fwd_row_shape(opente::kNormFwdMaxRegisterHidden + 1).in_registers());
+  EXPECT_FALSE(opente::norm_fwd_row_shape(int64_t(1) << 40).in_registers());
+}
+
+TEST(NormRowShape, BackwardBuckets) {
+  constexpr int64_t kRegisterSums = int64_t(opente::kNormMaxBlockThreads) * opente::kNormBwdChunks * 8;  // 8192
+  for (int64_t hidden = 1; hidden <= opente::kNormBwdMaxRegisterHidden; ++hidden) {
+    const NormRowShape s = opente::norm_bwd_row_shape(hidden);
+    check_shape(s, hidden, "backward");
+    const int64_t tile = int64_t(s.chunks) * 8 * s.threads_per_row;  // gamma's, in shared memory
+    if (hidden <= kRegisterSums) {
+      EXPECT_EQ(s.chunks, opente::kNormBwdChunks) << hidden;
+      // plus the groups' dgamma / dbeta column sums
+      EXPECT_LE((tile + int64_t(s.rows_per_block) * 2 * hidden) * 4, kMaxSmemPerBlock) << hidden;
+    } else {
+      EXPECT_EQ(s.chunks, opente::kNormBwdLongChunks) << hidden;
+      // one row group a block, whose dgamma / dbeta sums live in shared memory (tile order)
+      EXPECT_EQ(s.rows_per_block, 1) << hidden;
+      EXPECT_LE(3 * tile * 4, kMaxSmemPerBlock) << hidden;
+    }
+  }
+  EXPECT_FALSE(opente::norm_bwd_row_shape(opente::kNormBwdMaxRegisterHidden + 1).in_registers());
+}
+
+TEST(NormRowShape, BenchmarkedSizes) {
+  auto same = [](const NormRowShape& s, int chunks, int threads, int rows) {
+    return s.chunks == chunks && s.threads_per_row == threads && s.rows_per_block == rows;
+  };
+  // forward: 8 lanes a row for hidden 128, a warp for 1024, 4 warps for 4096
+  EXPECT_TRUE(same(opente::norm_fwd_row_shape(128), 2, 8, 32));
+  EXPECT_TRUE(same(opente::norm_fwd_row_shape(1024), 4, 32, 8));
+  EXPECT_TRUE(same(opente::norm_fwd_row_shape(4096), 4, 128, 2));
+  EXPECT_TRUE(same(opente::norm_fwd_row_shape(8192), 4, 256, 1));
+  EXPECT_TRUE(same(opente::norm_fwd_row_shape(16384), 4, 512, 1));
+  // backward: 512-thread blocks
+  EXPECT_TRUE(same(opente::norm_bwd_row_shape(1), 2, 1, 512));
+  EXPECT_TRUE(same(opente::norm_bwd_row_shape(1024), 2, 64, 8));
+  EXPECT_TRUE(same(opente::norm_bwd_row_shape(4096), 2, 256, 2));
+  EXPECT_TRUE(same(opente::norm_bwd_row_shape(8192), 2, 512, 1));
+  EXPECT_TRUE(same(opente::norm_bwd_row_shape(8193), 4, 288, 1));
+  EXPECT_TRUE(same(opente::norm_bwd_row_shape(16384), 4, 512, 1));
+}
+
+}  // namespace
