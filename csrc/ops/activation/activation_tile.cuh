@@ -105,7 +105,7 @@ __device__ __forceinline__ const In* tile_input_row(const TileParams& p, int j, 
 
 // Dynamic shared memory of act_tile_kernel: eight rows of 8 elements per thread and input.
 template <class In, TileMode M>
-constexpr int act_tile_staging_bytes() {
+__host__ __device__ constexpr int act_tile_staging_bytes() {
   return tile_inputs(M) * 8 * kCtThreads * int(sizeof(Vec8<In>));
 }
 
@@ -114,10 +114,19 @@ constexpr int act_tile_staging_bytes() {
 template <class In, TileMode M, te_activation B>
 __global__ void __launch_bounds__(kCtThreads) act_tile_kernel(TileParams p, int64_t col_tiles) {
   constexpr int kIn = tile_inputs(M), kOuts = tile_outputs(M);
-  __shared__ alignas(16) uint8_t tile_t[kCtTileCols * kCtTileRows];  // [128 columns, 128 rows], swizzled
-  __shared__ float warp_sums[kCtThreads / 32][kCtTileCols];           // column sums of each warp's 16 rows
+  // The transposed FP8 tile ([128 columns, 128 rows], swizzled) and the column sums
+  // of each warp's 16 rows ([8 warps, 128 columns]). With one output they reuse the
+  // staging area once every thread has read its inputs: dgelu's two bf16 inputs then
+  // take 64 KiB of shared memory a block, three blocks per SM rather than two.
+  constexpr int kTileBytes = kCtTileCols * kCtTileRows;
+  constexpr int kSumsBytes = kCtThreads / 32 * kCtTileCols * int(sizeof(float));
+  constexpr bool kReuseStaging = kOuts == 1;
+  static_assert(act_tile_staging_bytes<In, M>() >= kTileBytes + kSumsBytes, "staging too small to reuse");
+  __shared__ alignas(16) uint8_t own_smem[kReuseStaging ? 16 : kTileBytes + kSumsBytes];
   extern __shared__ uint4 staging_bytes[];  // [kIn][8 rows][threads] of Vec8<In>
   auto* staging = reinterpret_cast<Vec8<In>*>(staging_bytes);
+  uint8_t* tile_t = kReuseStaging ? reinterpret_cast<uint8_t*>(staging_bytes) : own_smem;
+  float* warp_sums = reinterpret_cast<float*>(tile_t + kTileBytes);  // [8][128]
   const int64_t rows = p.rows, h = p.hidden, out_cols = kOuts * h;
   const te_dtype out_dtype = p.out_dtype;
   const bool fp8 = is_fp8_dtype(out_dtype);
@@ -170,19 +179,20 @@ __global__ void __launch_bounds__(kCtThreads) act_tile_kernel(TileParams p, int6
         lo[k] = q.x;
         hi[k] = q.y;
       }
-      if (opaque(int(transpose))) {
+    }
+    if constexpr (kReuseStaging) __syncthreads();  // all inputs read: the staging area is free
+    if (active && opaque(int(transpose))) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          // column j of the block = bytes j of rows 0..7, gathered two rows at a time
-          const uint32_t* src = j < 4 ? lo : hi;
-          const uint32_t select_pair = (j % 4) | ((j % 4 + 4) << 4);
-          const uint32_t p01 = __byte_perm(src[0], src[1], select_pair);
-          const uint32_t p23 = __byte_perm(src[2], src[3], select_pair);
-          const uint32_t p45 = __byte_perm(src[4], src[5], select_pair);
-          const uint32_t p67 = __byte_perm(src[6], src[7], select_pair);
-          *reinterpret_cast<uint2*>(tile_t + transposed_slot(c_in_tile + j, r_in_tile)) =
-              make_uint2(__byte_perm(p01, p23, 0x5410), __byte_perm(p45, p67, 0x5410));
-        }
+      for (int j = 0; j < 8; ++j) {
+        // column j of the block = bytes j of rows 0..7, gathered two rows at a time
+        const uint32_t* src = j < 4 ? lo : hi;
+        const uint32_t select_pair = (j % 4) | ((j % 4 + 4) << 4);
+        const uint32_t p01 = __byte_perm(src[0], src[1], select_pair);
+        const uint32_t p23 = __byte_perm(src[2], src[3], select_pair);
+        const uint32_t p45 = __byte_perm(src[4], src[5], select_pair);
+        const uint32_t p67 = __byte_perm(src[6], src[7], select_pair);
+        *reinterpret_cast<uint2*>(tile_t + transposed_slot(c_in_tile + j, r_in_tile)) =
+            make_uint2(__byte_perm(p01, p23, 0x5410), __byte_perm(p45, p67, 0x5410));
       }
     }
     if (opaque(int(sum_columns))) {
@@ -191,7 +201,7 @@ __global__ void __launch_bounds__(kCtThreads) act_tile_kernel(TileParams p, int6
       for (int e = 0; e < 8; ++e) col_sum[e] += __shfl_xor_sync(0xffffffffu, col_sum[e], 16);
       if (lane < 16) {
 #pragma unroll
-        for (int e = 0; e < 8; ++e) warp_sums[warp][c_in_tile + e] = col_sum[e];
+        for (int e = 0; e < 8; ++e) warp_sums[warp * kCtTileCols + c_in_tile + e] = col_sum[e];
       }
     }
     __syncthreads();
@@ -212,7 +222,7 @@ __global__ void __launch_bounds__(kCtThreads) act_tile_kernel(TileParams p, int6
       if (c < h && row_base < rows) {
         float sum = 0.0f;
 #pragma unroll
-        for (int w = 0; w < kCtThreads / 32; ++w) sum += warp_sums[w][threadIdx.x];
+        for (int w = 0; w < kCtThreads / 32; ++w) sum += warp_sums[w * kCtTileCols + threadIdx.x];
         p.partials[row_tile * out_cols + o * h + c] = sum;
       }
     }
@@ -336,7 +346,7 @@ __global__ void __launch_bounds__(kTileGenericThreads)
 
 // Sets a kernel's dynamic shared memory limit, once per kernel and device: by
 // default static plus dynamic shared memory may not pass 48 KiB, and the fast
-// kernel's 20 KiB of static tiles plus 32 KiB of staging (one bf16 input) do.
+// kernel's staging takes 32 to 192 KiB.
 inline void allow_dynamic_smem(const void* kernel, int bytes, int device) {
   static std::mutex mutex;
   static std::set<std::pair<const void*, int>> done;
