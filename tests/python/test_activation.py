@@ -284,3 +284,18 @@ def test_fwd_fp8_cuda(name, fp8_dtype, columnwise, shape_id, device, gen):
     # amax: max|y| of the very fp32 values the GPU computed
     assert amax_gpu.item() == y_got.abs().max().item()
     assert abs(amax_gpu.item() - amax_cpu.item()) <= 2 * err.max().item() + U * amax_cpu.item()
+
+
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=dtype_id)
+@pytest.mark.parametrize("name", ["gelu", "swiglu"])
+def test_fwd_fp8_cuda_dtypes(name, dtype, device, gen):
+    """The tiled kernel's fast path for the other input dtypes (fp32 inputs stage twice the bytes)."""
+    x = cuda_input(name, "256x1024", dtype, gen)
+    fn = getattr(ext, name)
+    scale = torch.tensor([4.0])
+    got = fn(x.to(device), fp8_dtype=E4M3, scale=scale.to(device), columnwise=True)
+    cpu = fn(x, fp8_dtype=E4M3, scale=scale, columnwise=True)
+    y_got, y_cpu = fn(x.to(device), out_dtype=torch.float32).cpu(), fn(x, out_dtype=torch.float32)
+    assert_codes_match(got._data.cpu(), cpu._data, y_got, y_cpu, name)
+    assert torch.equal(got._transpose.cpu(), got._data.cpu().t())
