@@ -24,6 +24,7 @@ using opente_binding::call_core;
 
 // Op families bound in their own files (csrc/binding/*_binding.cpp).
 void bind_softmax(nb::module_& m);
+void bind_bias_grad(nb::module_& m);
 
 namespace {
 
@@ -284,4 +285,5 @@ NB_MODULE(_core, m) {
       nb::arg("device_type"), nb::arg("device_index"), nb::arg("stream") = 0);
 
   bind_softmax(m);
+  bind_bias_grad(m);
 }

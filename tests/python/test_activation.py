@@ -1,142 +1,38 @@
 """gelu ... swiglu and their backward helpers against float64 torch references on the
-very values the core reads (inputs stored in their dtypes first):
-F.gelu(approximate="tanh"), x * sigmoid(1.702 x), F.relu, F.relu(x)**2, F.silu, the gated
-kinds through chunk(2, -1) (a = first half, b = second), and torch.autograd for backward.
+very values the core reads (activation_reference.py: the references and the per-element
+bounds on the core's fp32 error).
 
-Tolerances (the analysis of tests/cpp/test_activation.cpp), per element, U = 2^-24:
-  act error (fp32):   gelu 8U(|y|+|x|); qgelu, silu 8U|y|(1+|z|), z = a x; relu 0; srelu 2U|y|
-  act' error (fp32):  gelu 16U(1+|d|+|x|(1+3*0.044715 x^2)); qgelu, silu 16U(1+|z|)(1+|d|);
-                      relu, srelu 0
-  a product f * r:    |f| err(r) + 2U |f r|
-  then the output dtype's rounding: + u_out (|v| + err) + half its smallest subnormal step,
-  u_out = 2^-24 (fp32), 2^-11 (fp16), 2^-8 (bf16).
 FP8 outputs: every code must be the cast of a value within the bound of y * scale; amax
 within the bound of max|y|; scale_inv exactly 1/scale; the column-wise copy the transpose.
-
-CUDA (skipped until the kernels exist): agreement with the CPU core within twice the bound.
+CUDA: against the CPU core (see the section's comment).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from conftest import requires_cuda
 
+from activation_reference import (
+    KINDS,
+    U,
+    assert_within,
+    fp8_ordinal,
+    make_input,
+    reference_bwd,
+    reference_fwd,
+    rounded,
+)
 from fp8_reference import FP8_MAX, FLOAT_DTYPES, TORCH_FP8, dtype_id, ref_quantize
 from transformer_engine import _core
 from transformer_engine.pytorch import cpp_extensions as ext
 from transformer_engine.pytorch.cpp_extensions import DType
 from transformer_engine.pytorch.tensor import Float8TensorBase
 
-# The CUDA tests run on this device parameter. The kernels arrive with issue 4's CUDA
-# step, which deletes the line that appends the skip.
-CUDA_MARKS = [requires_cuda]
-CUDA_MARKS.append(pytest.mark.skip(reason="CUDA activation kernels not written yet"))
-CUDA = [pytest.param("cuda", marks=CUDA_MARKS)]
+# The CUDA tests run on this device parameter (skipped without a GPU and a CUDA build).
+CUDA = [pytest.param("cuda", marks=[requires_cuda])]
 
-U = 2.0**-24
-C = 0.044715
-UNIT = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
-HALF_MIN_STEP = {torch.float32: 2.0**-150, torch.float16: 2.0**-25, torch.bfloat16: 2.0**-134}
 E4M3, E5M2 = DType.kFloat8E4M3, DType.kFloat8E5M2
-
-# name: (base activation name, gated)
-KINDS = {
-    "gelu": ("gelu", False), "qgelu": ("qgelu", False), "relu": ("relu", False), "srelu": ("srelu", False),
-    "silu": ("silu", False), "geglu": ("gelu", True), "qgeglu": ("qgelu", True), "reglu": ("relu", True),
-    "sreglu": ("srelu", True), "swiglu": ("silu", True),
-}
-TORCH_ACT = {
-    "gelu": lambda x: F.gelu(x, approximate="tanh"),
-    "qgelu": lambda x: x * torch.sigmoid(1.702 * x),
-    "relu": F.relu,
-    "srelu": lambda x: F.relu(x) ** 2,
-    "silu": F.silu,
-}
-
-
-def act_err(base, x, y):
-    if base == "gelu":
-        return 8 * U * (y.abs() + x.abs())
-    if base in ("qgelu", "silu"):
-        a = 1.702 if base == "qgelu" else 1.0
-        return 8 * U * y.abs() * (1 + (a * x).abs())
-    if base == "relu":
-        return torch.zeros_like(x)
-    return 2 * U * y.abs()
-
-
-def der_err(base, x, d):
-    if base == "gelu":
-        return 16 * U * (1 + d.abs() + x.abs() * (1 + 3 * C * x * x))
-    if base in ("qgelu", "silu"):
-        a = 1.702 if base == "qgelu" else 1.0
-        return 16 * U * (1 + (a * x).abs()) * (1 + d.abs())
-    return torch.zeros_like(x)
-
-
-def times(f, v, err):
-    return f * v, f.abs() * err + 2 * U * (f * v).abs()
-
-
-def rounded(v, err, dtype):
-    return err + UNIT[dtype] * (v.abs() + err) + HALF_MIN_STEP[dtype]
-
-
-def make_input(shape, dtype, gen):
-    """randn * 3 with exact zeros and tiny magnitudes, stored in dtype."""
-    x = torch.randn(shape, generator=gen, dtype=torch.float64) * 3
-    flat = x.view(-1)
-    flat[::17] = 0.0
-    flat[5::13] *= 1e-4
-    return x.to(dtype)
-
-
-def reference_fwd(name, x):
-    """(y, fp32 error bound), float64, from the stored input x."""
-    base, gated = KINDS[name]
-    x64 = x.double()
-    if not gated:
-        y = TORCH_ACT[base](x64)
-        return y, act_err(base, x64, y)
-    a, b = x64.chunk(2, -1)
-    fa = TORCH_ACT[base](a)
-    return times(b, fa, act_err(base, a, fa))
-
-
-def reference_bwd(name, grad, x):
-    """(dinput, fp32 error bound), float64, the gradient by torch.autograd."""
-    base, gated = KINDS[name]
-    x64 = x.double().requires_grad_(True)
-    g64 = grad.double()
-    if not gated:
-        (d,) = torch.autograd.grad(TORCH_ACT[base](x64), x64, torch.ones_like(g64))
-        v, err = times(g64, d, der_err(base, x64.detach(), d))
-        (dx,) = torch.autograd.grad(TORCH_ACT[base](x64), x64, g64)
-        assert torch.allclose(dx, v, rtol=1e-12, atol=0)
-        return v, err
-    a, b = x64.chunk(2, -1)
-    (dx,) = torch.autograd.grad(TORCH_ACT[base](a) * b, x64, g64)
-    a, b = a.detach(), b.detach()
-    a_req = a.clone().requires_grad_(True)
-    (d,) = torch.autograd.grad(TORCH_ACT[base](a_req), a_req, torch.ones_like(a))
-    fa = TORCH_ACT[base](a)
-    da, da_err = times(g64 * b, d, der_err(base, a, d))
-    da_err = da_err + 2 * U * da.abs()  # g * b rounded in fp32
-    db, db_err = times(g64, fa, act_err(base, a, fa))
-    assert torch.allclose(dx, torch.cat([da, db], -1), rtol=1e-12, atol=1e-300)
-    return torch.cat([da, db], -1), torch.cat([da_err, db_err], -1)
-
-
-def assert_within(got, ref, err, dtype, what):
-    bound = rounded(ref, err, dtype)
-    diff = (got.double() - ref).abs()
-    bad = ~(diff <= bound)
-    assert not bad.any(), (
-        f"{what}: {int(bad.sum())} elements off, first at {bad.nonzero()[0].tolist()}: got "
-        f"{got.double()[bad][0].item()}, want {ref[bad][0].item()} +- {bound[bad][0].item()}"
-    )
 
 
 def shape_of(name, h=48):
@@ -167,11 +63,6 @@ def test_bwd(name, dtype, gen):
     assert dx.dtype == dtype and dx.shape == x.shape
     ref, err = reference_bwd(name, grad, x)
     assert_within(dx, ref, err, dtype, "d" + name)
-
-
-def fp8_ordinal(codes):
-    c = codes.to(torch.int32)
-    return torch.where(c >= 128, -(c - 128), c)
 
 
 @pytest.mark.parametrize("columnwise", [False, True], ids=["rowwise", "both"])
@@ -289,49 +180,122 @@ def test_enum_values():
 
 
 # ---- CUDA vs the CPU core ------------------------------------------------------------------
+#
+# The kernels compute the CPU reference's fp32 operations (no fused multiply-adds), so
+# results differ from the CPU core only where the device's expf / tanhf round
+# differently: float outputs within twice the reference bound, and FP8 codes equal
+# wherever the fp32 values (run with a float32 output on both devices) are equal, at
+# most one code apart elsewhere. Shapes: flat vector path with tails (37 x 1024,
+# 1000 x 1000), element-by-element paths (3 x 17: odd hidden; "unaligned": the input
+# starts one element past a 16-byte boundary) and, with the column-wise copy, the
+# tiled kernel's fast path (rows and H multiples of 8: 256 x 1024, 1000 x 1000 with
+# partial tiles) and its generic path (37 x 1024, 3 x 17).
+
+CUDA_SHAPES = {"37x1024": (37, 1024), "1000x1000": (1000, 1000), "256x1024": (256, 1024), "3x17": (3, 17),
+               "unaligned": (5, 40)}
+
+
+def cuda_input(name, shape_id, dtype, gen):
+    """The forward input of output shape CUDA_SHAPES[shape_id] (gated: twice as wide)."""
+    rows, h = CUDA_SHAPES[shape_id]
+    return make_input((rows, 2 * h if KINDS[name][1] else h), dtype, gen)
+
+
+def to_device(x, device, shape_id):
+    """x on the device; for "unaligned", starting one element past an aligned allocation."""
+    if shape_id != "unaligned":
+        return x.to(device)
+    flat = torch.empty(x.numel() + 1, dtype=x.dtype, device=device)
+    flat[1:] = x.flatten().to(device)
+    return flat[1:].view(x.shape)
 
 
 @pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("shape_id", ["37x1024", "3x17", "unaligned"])
+@pytest.mark.parametrize("out_dtype", [None, torch.float32], ids=["same", "fp32"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("name", list(KINDS))
-def test_fwd_cuda(name, dtype, device, gen):
-    x = make_input((37, 2048 if KINDS[name][1] else 1024), dtype, gen)
-    got = getattr(ext, name)(x.to(device)).cpu()
-    cpu = getattr(ext, name)(x)
+def test_fwd_cuda(name, dtype, out_dtype, shape_id, device, gen):
+    x = cuda_input(name, shape_id, dtype, gen)
+    got = getattr(ext, name)(to_device(x, device, shape_id), out_dtype=out_dtype).cpu()
+    cpu = getattr(ext, name)(x, out_dtype=out_dtype)
+    want_dtype = dtype if out_dtype is None else out_dtype
     y, err = reference_fwd(name, x)
-    assert_within(got, y, 2 * err, dtype, name + " cuda")
-    assert_within(got, cpu.double(), 2 * rounded(y, err, dtype), dtype, name + " cuda vs cpu")
+    assert_within(got, y, 2 * err, want_dtype, name + " cuda")
+    assert_within(got, cpu.double(), 2 * rounded(y, err, want_dtype), want_dtype, name + " cuda vs cpu")
 
 
 @pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("shape_id", ["37x1024", "3x17", "unaligned"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("name", list(KINDS))
-def test_bwd_cuda(name, dtype, device, gen):
-    x = make_input((37, 2048 if KINDS[name][1] else 1024), dtype, gen)
-    grad = make_input((37, 1024), dtype, gen)
-    got = getattr(ext, "d" + name)(grad.to(device), x.to(device)).cpu()
+def test_bwd_cuda(name, dtype, shape_id, device, gen):
+    x = cuda_input(name, shape_id, dtype, gen)
+    grad = make_input((x.shape[0], CUDA_SHAPES[shape_id][1]), dtype, gen)
+    got = getattr(ext, "d" + name)(to_device(grad, device, shape_id), to_device(x, device, shape_id)).cpu()
     cpu = getattr(ext, "d" + name)(grad, x)
     ref, err = reference_bwd(name, grad, x)
     assert_within(got, ref, 2 * err, dtype, "d" + name + " cuda")
     assert_within(got, cpu.double(), 2 * rounded(ref, err, dtype), dtype, "d" + name + " cuda vs cpu")
 
 
+def assert_codes_match(got, cpu, y_got, y_cpu, what):
+    """FP8 codes equal where the fp32 values are, at most one code apart elsewhere."""
+    same_value = y_got.view(torch.int32) == y_cpu.view(torch.int32)
+    diff = (fp8_ordinal(got) - fp8_ordinal(cpu)).abs()
+    bad = (same_value & (diff != 0)) | (diff > 1)
+    assert not bad.any(), (
+        f"{what}: {int(bad.sum())} codes differ, first at {bad.nonzero()[0].tolist()} "
+        f"(fp32 values differ at {int((~same_value).sum())} elements)"
+    )
+
+
 @pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("shape_id", ["37x1024", "256x1024", "1000x1000", "3x17", "unaligned"])
+@pytest.mark.parametrize("columnwise", [False, True], ids=["rowwise", "both"])
 @pytest.mark.parametrize("fp8_dtype", [E4M3, E5M2], ids=dtype_id)
 @pytest.mark.parametrize("name", list(KINDS))
-def test_fwd_fp8_cuda(name, fp8_dtype, device, gen):
-    x = make_input((37, 2048 if KINDS[name][1] else 1024), torch.bfloat16, gen)
+def test_fwd_fp8_cuda(name, fp8_dtype, columnwise, shape_id, device, gen):
+    x = cuda_input(name, shape_id, torch.bfloat16, gen)
+    xd = to_device(x, device, shape_id)
     scale = torch.tensor([4.0])
     amax_gpu, amax_cpu = torch.zeros(1, device=device), torch.zeros(1)
-    got = getattr(ext, name)(x.to(device), fp8_dtype=fp8_dtype, scale=scale.to(device), amax=amax_gpu,
-                             columnwise=True)
-    cpu = getattr(ext, name)(x, fp8_dtype=fp8_dtype, scale=scale, amax=amax_cpu, columnwise=True)
+    fn = getattr(ext, name)
+    got = fn(xd, fp8_dtype=fp8_dtype, scale=scale.to(device), amax=amax_gpu, columnwise=columnwise)
+    cpu = fn(x, fp8_dtype=fp8_dtype, scale=scale, amax=amax_cpu, columnwise=columnwise)
+    y_got = fn(xd, out_dtype=torch.float32).cpu()  # the fp32 values the FP8 kernel cast
+    y_cpu = fn(x, out_dtype=torch.float32)
+    codes = got._data.cpu()
+    assert_codes_match(codes, cpu._data, y_got, y_cpu, name)
+    # every code within the bound of the exact y * scale, as on the CPU
     y, err = reference_fwd(name, x)
     e = 2 * err * 4.0 + U * (y * 4.0).abs()
     lo = fp8_ordinal(ref_quantize((y * 4.0 - e).float(), fp8_dtype, 1.0))
     hi = fp8_ordinal(ref_quantize((y * 4.0 + e).float(), fp8_dtype, 1.0))
-    codes = fp8_ordinal(got._data.cpu())
-    assert not ((codes < lo) | (codes > hi)).any()
-    assert torch.equal(got._transpose.cpu(), got._data.cpu().t())
-    assert got._scale_inv.item() == cpu._scale_inv.item()
+    assert not ((fp8_ordinal(codes) < lo) | (fp8_ordinal(codes) > hi)).any()
+    if columnwise:
+        assert torch.equal(got._transpose.cpu(), codes.t())
+        # the tiled kernel computes exactly what the flat one does
+        flat = fn(xd, fp8_dtype=fp8_dtype, scale=scale.to(device))
+        assert torch.equal(flat._data.cpu(), codes)
+    else:
+        assert got._transpose is None
+    assert got._scale_inv.item() == cpu._scale_inv.item() == 0.25
+    # amax: max|y| of the very fp32 values the GPU computed
+    assert amax_gpu.item() == y_got.abs().max().item()
     assert abs(amax_gpu.item() - amax_cpu.item()) <= 2 * err.max().item() + U * amax_cpu.item()
+
+
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=dtype_id)
+@pytest.mark.parametrize("name", ["gelu", "swiglu"])
+def test_fwd_fp8_cuda_dtypes(name, dtype, device, gen):
+    """The tiled kernel's fast path for the other input dtypes (fp32 inputs stage twice the bytes)."""
+    x = cuda_input(name, "256x1024", dtype, gen)
+    fn = getattr(ext, name)
+    scale = torch.tensor([4.0])
+    got = fn(x.to(device), fp8_dtype=E4M3, scale=scale.to(device), columnwise=True)
+    cpu = fn(x, fp8_dtype=E4M3, scale=scale, columnwise=True)
+    y_got, y_cpu = fn(x.to(device), out_dtype=torch.float32).cpu(), fn(x, out_dtype=torch.float32)
+    assert_codes_match(got._data.cpu(), cpu._data, y_got, y_cpu, name)
+    assert torch.equal(got._transpose.cpu(), got._data.cpu().t())

@@ -24,9 +24,11 @@
  *      silu'(x)  = s + x s (1 - s), s = sigmoid(x),
  *      relu'(x)  = 1 for x > 0, else 0;  srelu'(x) = 2x for x > 0, else 0.
  *
- * The fused dbias + cast + transpose backward variants are not part of this
- * header yet. CUDA tensors are not supported yet: the ops raise
- * TE_ERROR_NOT_IMPLEMENTED for them. */
+ * CPU and CUDA tensors; the GPU computes the same fp32 operations as the CPU
+ * reference (products and sums rounded one at a time, no fused multiply-adds),
+ * so the two differ only where the device's expf / tanhf round differently.
+ * The backward fused with the bias gradient and the FP8 cast + transpose is
+ * te_dact_dbias_cast_transpose (opente/bias_grad.h). */
 #ifndef OPENTE_ACTIVATION_H_
 #define OPENTE_ACTIVATION_H_
 

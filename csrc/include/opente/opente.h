@@ -3,6 +3,7 @@
 #define OPENTE_OPENTE_H_
 
 #include "opente/activation.h"
+#include "opente/bias_grad.h"
 #include "opente/gemm.h"
 #include "opente/norm.h"
 #include "opente/quantize.h"

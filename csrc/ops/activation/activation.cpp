@@ -1,60 +1,18 @@
 // C API of the activation family: validate the descriptors, then run the CPU
-// reference. CUDA tensors are refused until issue 4's CUDA step adds kernels.
+// reference or the CUDA kernels on the input's device.
 #include "opente/activation.h"
 
 #include "common/error.h"
 #include "common/tensor_checks.h"
+#include "ops/activation/activation_checks.h"
 #include "ops/activation/activation_params.h"
 
 using namespace opente;
 
 namespace {
 
-constexpr const char* kFloatDtypes = "float32, float16 or bfloat16";
-
-const char* activation_name(te_activation kind) {
-  static const char* const kNames[kNumActivations] = {"gelu",   "qgelu", "relu",  "srelu",  "silu",
-                                                      "geglu",  "qgeglu", "reglu", "sreglu", "swiglu"};
-  return kNames[kind];
-}
-
-te_activation checked_kind(int32_t kind) {
-  OPENTE_CHECK_ARG(is_valid_activation(kind), "kind must be a te_activation (0 to ", kNumActivations - 1,
-                   "), got ", kind);
-  return te_activation(kind);
-}
-
-// The forward input (or the backward's copy of it): [rows, cols] with cols = 2H
-// (even) for a gated kind. Returns H.
-int64_t checked_activation_input(const te_tensor& in, const char* arg, te_activation kind, MatrixShape* m) {
-  check_dtype(in, arg, is_high_precision_float(in.dtype), kFloatDtypes);
-  OPENTE_CHECK_ARG(in.ndim >= 1, arg, " must have at least one dimension, got a scalar");
-  *m = matrix_shape(in);
-  if (!is_gated_activation(kind)) return m->cols;
-  OPENTE_CHECK_ARG(m->cols % 2 == 0, arg, " last dim must be even for the gated activation ",
-                   activation_name(kind), " (a = first half, b = second half), got shape ", shape_string(in));
-  return m->cols / 2;
-}
-
-// `t` has `in`'s leading dims and last dim h.
-void check_halved_shape(const te_tensor& t, const char* arg, const te_tensor& in, const char* in_name, int64_t h) {
-  bool ok = t.ndim == in.ndim;
-  for (int32_t i = 0; ok && i + 1 < in.ndim; ++i) ok = t.shape[i] == in.shape[i];
-  ok = ok && t.shape[in.ndim - 1] == h;
-  OPENTE_CHECK_ARG(ok, arg, " shape must be ", in_name, "'s leading dims with last dim ", h, " (", in_name, " ",
-                   shape_string(in), "), got ", shape_string(t));
-}
-
-void check_same_dtype(const te_tensor& t, const char* arg, const te_tensor& like, const char* like_name) {
-  OPENTE_CHECK_ARG(t.dtype == like.dtype, arg, " dtype must equal ", like_name, " dtype ", dtype_name(like.dtype),
-                   ", got ", dtype_name(t.dtype));
-}
-
-[[noreturn]] void fail_cuda_not_written() {
-  fail(TE_ERROR_NOT_IMPLEMENTED, "CUDA tensors are not supported yet (kernels arrive with issue 4's CUDA step)");
-}
-
-void activation_fwd(int32_t kind_arg, const te_tensor* input_desc, const te_tensor* output_desc) {
+void activation_fwd(int32_t kind_arg, const te_tensor* input_desc, const te_tensor* output_desc,
+                    [[maybe_unused]] void* stream) {
   const te_activation kind = checked_kind(kind_arg);
   const te_tensor& in = checked_tensor(input_desc, "input");
   MatrixShape m{};
@@ -80,7 +38,6 @@ void activation_fwd(int32_t kind_arg, const te_tensor* input_desc, const te_tens
                      dtype_name(out.dtype), " output (only FP8 outputs have a column-wise copy)");
     if (n_out > 0) check_pointer(out.data, "output", "data");
   }
-  if (in.device.type != TE_DEVICE_CPU) fail_cuda_not_written();
 
   ActivationFwdParams p{};
   p.kind = kind;
@@ -94,11 +51,15 @@ void activation_fwd(int32_t kind_arg, const te_tensor* input_desc, const te_tens
   p.hidden = h;
   p.in_dtype = te_dtype(in.dtype);
   p.out_dtype = te_dtype(out.dtype);
-  activation_fwd_cpu(p);
+  if (in.device.type == TE_DEVICE_CPU) {
+    activation_fwd_cpu(p);
+  } else {
+    OPENTE_CUDA_CALL("input", activation_fwd_cuda(p, in.device.index, stream));
+  }
 }
 
 void activation_bwd(int32_t kind_arg, const te_tensor* grad_desc, const te_tensor* input_desc,
-                    const te_tensor* dinput_desc) {
+                    const te_tensor* dinput_desc, [[maybe_unused]] void* stream) {
   const te_activation kind = checked_kind(kind_arg);
   const te_tensor& in = checked_tensor(input_desc, "input");
   MatrixShape m{};
@@ -117,7 +78,6 @@ void activation_bwd(int32_t kind_arg, const te_tensor* grad_desc, const te_tenso
     check_pointer(in.data, "input", "data");
     check_pointer(dinput.data, "dinput", "data");
   }
-  if (in.device.type != TE_DEVICE_CPU) fail_cuda_not_written();
 
   ActivationBwdParams p{};
   p.kind = kind;
@@ -127,17 +87,21 @@ void activation_bwd(int32_t kind_arg, const te_tensor* grad_desc, const te_tenso
   p.rows = m.rows;
   p.hidden = h;
   p.dtype = te_dtype(in.dtype);
-  activation_bwd_cpu(p);
+  if (in.device.type == TE_DEVICE_CPU) {
+    activation_bwd_cpu(p);
+  } else {
+    OPENTE_CUDA_CALL("input", activation_bwd_cuda(p, in.device.index, stream));
+  }
 }
 
 }  // namespace
 
 extern "C" te_status te_activation_fwd(int32_t kind, const te_tensor* input, const te_tensor* output,
-                                       [[maybe_unused]] void* stream) {
-  return run_op("te_activation_fwd", [&] { activation_fwd(kind, input, output); });
+                                       void* stream) {
+  return run_op("te_activation_fwd", [&] { activation_fwd(kind, input, output, stream); });
 }
 
 extern "C" te_status te_activation_bwd(int32_t kind, const te_tensor* grad, const te_tensor* input,
-                                       const te_tensor* dinput, [[maybe_unused]] void* stream) {
-  return run_op("te_activation_bwd", [&] { activation_bwd(kind, grad, input, dinput); });
+                                       const te_tensor* dinput, void* stream) {
+  return run_op("te_activation_bwd", [&] { activation_bwd(kind, grad, input, dinput, stream); });
 }

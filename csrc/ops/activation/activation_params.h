@@ -33,38 +33,76 @@ inline te_activation base_activation(te_activation kind) {
 }
 
 // ---- fp32 formulas (opente/activation.h); `base` is one of the 5 plain kinds ----
+//
+// Every product and sum is rounded on its own (act_mul, act_add): nvcc would
+// otherwise fuse a * b + c into one fused multiply-add with a single rounding,
+// and the GPU would differ from the CPU reference in more places than where
+// the device's expf / tanhf round differently from the host's.
 
 constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluC = 0.044715f;
 constexpr float kQGeluA = 1.702f;
 
-OPENTE_ACT_HD inline float act_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+OPENTE_ACT_HD inline float act_mul(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+OPENTE_ACT_HD inline float act_add(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+OPENTE_ACT_HD inline float act_sub(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
+OPENTE_ACT_HD inline float act_sigmoid(float x) { return 1.0f / act_add(1.0f, expf(-x)); }
+
+// tanh(sqrt(2/pi) (x + 0.044715 x^3)), shared by gelu and its derivative
+OPENTE_ACT_HD inline float gelu_tanh(float x) {
+  const float x3 = act_mul(act_mul(act_mul(kGeluC, x), x), x);
+  return tanhf(act_mul(kGeluK, act_add(x, x3)));
+}
 
 OPENTE_ACT_HD inline float act_forward(te_activation base, float x) {
   switch (base) {
-    case TE_ACTIVATION_GELU: return 0.5f * x * (1.0f + tanhf(kGeluK * (x + kGeluC * x * x * x)));
-    case TE_ACTIVATION_QGELU: return x * act_sigmoid(kQGeluA * x);
+    case TE_ACTIVATION_GELU: return act_mul(act_mul(0.5f, x), act_add(1.0f, gelu_tanh(x)));
+    case TE_ACTIVATION_QGELU: return act_mul(x, act_sigmoid(act_mul(kQGeluA, x)));
     case TE_ACTIVATION_RELU: return x <= 0.0f ? 0.0f : x;  // NaN stays NaN
-    case TE_ACTIVATION_SRELU: return x <= 0.0f ? 0.0f : x * x;
-    default: return x * act_sigmoid(x);  // TE_ACTIVATION_SILU
+    case TE_ACTIVATION_SRELU: return x <= 0.0f ? 0.0f : act_mul(x, x);
+    default: return act_mul(x, act_sigmoid(x));  // TE_ACTIVATION_SILU
   }
 }
 
 OPENTE_ACT_HD inline float act_derivative(te_activation base, float x) {
   switch (base) {
     case TE_ACTIVATION_GELU: {
-      const float t = tanhf(kGeluK * (x + kGeluC * x * x * x));
-      return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kGeluK * (1.0f + 3.0f * kGeluC * x * x);
+      // 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+      const float t = gelu_tanh(x);
+      const float inner = act_add(1.0f, act_mul(act_mul(3.0f * kGeluC, x), x));
+      const float slope = act_mul(act_mul(act_mul(act_mul(0.5f, x), act_sub(1.0f, act_mul(t, t))), kGeluK), inner);
+      return act_add(act_mul(0.5f, act_add(1.0f, t)), slope);
     }
     case TE_ACTIVATION_QGELU: {
-      const float s = act_sigmoid(kQGeluA * x);
-      return s + kQGeluA * x * s * (1.0f - s);
+      const float s = act_sigmoid(act_mul(kQGeluA, x));
+      return act_add(s, act_mul(act_mul(act_mul(kQGeluA, x), s), act_sub(1.0f, s)));
     }
     case TE_ACTIVATION_RELU: return x > 0.0f ? 1.0f : 0.0f;
-    case TE_ACTIVATION_SRELU: return x > 0.0f ? 2.0f * x : 0.0f;
+    case TE_ACTIVATION_SRELU: return x > 0.0f ? act_mul(2.0f, x) : 0.0f;
     default: {  // TE_ACTIVATION_SILU
       const float s = act_sigmoid(x);
-      return s + x * s * (1.0f - s);
+      return act_add(s, act_mul(act_mul(x, s), act_sub(1.0f, s)));
     }
   }
 }
@@ -97,7 +135,6 @@ void activation_fwd_cpu(const ActivationFwdParams& p);
 void activation_bwd_cpu(const ActivationBwdParams& p);
 
 #if OPENTE_WITH_CUDA
-// Declared for issue 4's CUDA step; not defined (nor called) yet.
 void activation_fwd_cuda(const ActivationFwdParams& p, int device, void* stream);
 void activation_bwd_cuda(const ActivationBwdParams& p, int device, void* stream);
 #endif

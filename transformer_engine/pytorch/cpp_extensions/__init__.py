@@ -29,6 +29,19 @@ from transformer_engine.pytorch.cpp_extensions.activation import (
     srelu,
     swiglu,
 )
+from transformer_engine.pytorch.cpp_extensions.bias_grad import (
+    bgrad_quantize,
+    dbias_dgelu,
+    dbias_dqgelu,
+    dbias_drelu,
+    dbias_dsilu,
+    dbias_dsrelu,
+    dgeglu_cast_transpose,
+    dqgeglu_cast_transpose,
+    dreglu_cast_transpose,
+    dsreglu_cast_transpose,
+    dswiglu_cast_transpose,
+)
 from transformer_engine.pytorch.cpp_extensions.cast import compute_amax, dequantize, quantize, transpose
 from transformer_engine.pytorch.cpp_extensions.gemm import general_gemm, get_cublas_workspace_size_bytes
 from transformer_engine.pytorch.cpp_extensions.normalization import (
@@ -52,20 +65,31 @@ from transformer_engine.pytorch.cpp_extensions.tensor_desc import DType
 
 __all__ = [
     "DType",
+    "bgrad_quantize",
     "compute_amax",
     "compute_scale_from_amax",
+    "dbias_dgelu",
+    "dbias_dqgelu",
+    "dbias_drelu",
+    "dbias_dsilu",
+    "dbias_dsrelu",
     "delayed_scaling_update",
     "dequantize",
     "dgeglu",
+    "dgeglu_cast_transpose",
     "dgelu",
     "dqgeglu",
+    "dqgeglu_cast_transpose",
     "dqgelu",
     "dreglu",
+    "dreglu_cast_transpose",
     "drelu",
     "dsilu",
     "dsreglu",
+    "dsreglu_cast_transpose",
     "dsrelu",
     "dswiglu",
+    "dswiglu_cast_transpose",
     "geglu",
     "gelu",
     "general_gemm",
