@@ -38,6 +38,7 @@ import transformer_engine.pytorch.tensor._internal.float8_tensor_base as _f8
 
 __all__ = [
     "bgrad_quantize",
+    "dact_dbias_quantize",
     "dbias_dgelu", "dbias_dqgelu", "dbias_drelu", "dbias_dsrelu", "dbias_dsilu",
     "dgeglu_cast_transpose", "dqgeglu_cast_transpose", "dreglu_cast_transpose", "dsreglu_cast_transpose",
     "dswiglu_cast_transpose",
@@ -161,3 +162,17 @@ dqgeglu_cast_transpose = _make_gated(_A.QGEGLU, "qgeglu")
 dreglu_cast_transpose = _make_gated(_A.REGLU, "reglu")
 dsreglu_cast_transpose = _make_gated(_A.SREGLU, "sreglu")
 dswiglu_cast_transpose = _make_gated(_A.SWIGLU, "swiglu")
+
+
+_KINDS = {"gelu": _A.GELU, "qgelu": _A.QGELU, "relu": _A.RELU, "srelu": _A.SRELU, "silu": _A.SILU,
+          "geglu": _A.GEGLU, "qgeglu": _A.QGEGLU, "reglu": _A.REGLU, "sreglu": _A.SREGLU, "swiglu": _A.SWIGLU}
+
+
+def dact_dbias_quantize(activation: str, grad: torch.Tensor, fwd_input: torch.Tensor, fp8_dtype,
+                        scale: torch.Tensor, amax: Optional[torch.Tensor] = None, *, with_dbias: bool = True,
+                        columnwise: bool = True):
+    """Any activation by name (gelu ... swiglu): ``(dbias or None, dx as a Float8TensorBase)``
+    in one pass, as dbias_dgelu & co. and d*_cast_transpose (gated kinds included)."""
+    if activation not in _KINDS:
+        raise ValueError(f"activation must be one of {', '.join(_KINDS)}, got {activation!r}")
+    return _dact(_KINDS[activation], grad, fwd_input, fp8_dtype, scale, amax, columnwise, with_dbias)

@@ -66,9 +66,11 @@ class _LayerNormLinearFunction(torch.autograd.Function):
         (saved_x, saved_w, x, mu, rsigma), ctx.saved = ctx.saved, None
         module, weight = ctx.module, ctx.weight
         dy = to_2d(grad_out, weight.shape[0], ctx.dtype)
-        dbias = dy.sum(0).to(ctx.bias_dtype) if ctx.bias_dtype is not None and ctx.needs_input_grad[4] else None
-        d_ln_out, dw = linear_gemm_backward(ctx.step, dy, saved_x, saved_w, weight, ctx.dtype,
-                                            weight.requires_grad, True, module.fuse_wgrad_accumulation)
+        want_dbias = ctx.bias_dtype is not None and ctx.needs_input_grad[4]
+        d_ln_out, dw, dbias = linear_gemm_backward(ctx.step, dy, saved_x, saved_w, weight, ctx.dtype,
+                                                   weight.requires_grad, True, module.fuse_wgrad_accumulation,
+                                                   want_dbias=want_dbias)
+        dbias = dbias.to(ctx.bias_dtype) if dbias is not None else None
         if grad_ln_out is not None:
             d_ln_out = d_ln_out + to_2d(grad_ln_out, module.in_features, ctx.dtype)
         dx, d_ln_weight, d_ln_bias = norm_backward(module.normalization, d_ln_out.contiguous(), x, mu, rsigma,

@@ -16,6 +16,7 @@ import torch
 
 from transformer_engine.common.recipe import DelayedScaling
 from transformer_engine.pytorch import cpp_extensions as ext
+from transformer_engine.pytorch.cpp_extensions.bias_grad import dact_dbias_quantize
 from transformer_engine.pytorch.fp8 import get_fp8_te_dtype
 from transformer_engine.pytorch.module._norm import check_normalization, make_norm_parameters, norm_backward
 from transformer_engine.pytorch.module.base import (
@@ -67,6 +68,21 @@ def activation_forward(step: FP8Step, activation: str, fc1_out: torch.Tensor, ne
     return act_out, None
 
 
+def activation_backward(step: FP8Step, activation: str, d_act: torch.Tensor, fc1_out: torch.Tensor,
+                        want_dbias: bool):
+    """(high-precision dx or None, FP8 dx or None, fc1's bias gradient or None) from the
+    activation output's gradient. Delayed scaling: one kernel computes the activation
+    gradient, its column sums (fc1's bias gradient) and the FP8 cast in both layouts
+    (backward tensor 1), reading d_act and fc1_out once."""
+    if step.fp8 and isinstance(step.recipe, DelayedScaling):
+        state = step.bwd_state
+        dbias, dx_fp8 = dact_dbias_quantize(activation, d_act, fc1_out, get_fp8_te_dtype(step.recipe, False),
+                                            state.scale[1:2], state.current_amax(1), with_dbias=want_dbias)
+        return None, dx_fp8, dbias
+    dx = ACTIVATIONS[activation][1](d_act, fc1_out)
+    return dx, None, (dx.sum(0) if want_dbias else None)
+
+
 class _LayerNormMLPFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, ln_weight, ln_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias, inp,
@@ -104,13 +120,15 @@ class _LayerNormMLPFunction(torch.autograd.Function):
         b1_dtype, b2_dtype = ctx.bias_dtypes
         fuse = module.fuse_wgrad_accumulation
         dy = to_2d(grad_out, module.hidden_size, dtype)
-        d_b2 = dy.sum(0).to(b2_dtype) if b2_dtype is not None and ctx.needs_input_grad[5] else None
-        d_act, d_w2 = linear_gemm_backward(step, dy, saved_act, saved_w2, fc2_weight, dtype,
-                                           fc2_weight.requires_grad, True, fuse, index=0)
-        d_fc1_out = ACTIVATIONS[module.activation][1](d_act, fc1_out)
-        d_b1 = d_fc1_out.sum(0).to(b1_dtype) if b1_dtype is not None and ctx.needs_input_grad[3] else None
-        d_ln_out, d_w1 = linear_gemm_backward(step, d_fc1_out, saved_ln, saved_w1, fc1_weight, dtype,
-                                              fc1_weight.requires_grad, True, fuse, index=1)
+        want_b2 = b2_dtype is not None and ctx.needs_input_grad[5]
+        want_b1 = b1_dtype is not None and ctx.needs_input_grad[3]
+        d_act, d_w2, d_b2 = linear_gemm_backward(step, dy, saved_act, saved_w2, fc2_weight, dtype,
+                                                 fc2_weight.requires_grad, True, fuse, index=0, want_dbias=want_b2)
+        d_fc1_out, d_fc1_fp8, d_b1 = activation_backward(step, module.activation, d_act, fc1_out, want_b1)
+        d_ln_out, d_w1, _ = linear_gemm_backward(step, d_fc1_out, saved_ln, saved_w1, fc1_weight, dtype,
+                                                 fc1_weight.requires_grad, True, fuse, index=1, dy_fp8=d_fc1_fp8)
+        d_b1 = d_b1.to(b1_dtype) if d_b1 is not None else None
+        d_b2 = d_b2.to(b2_dtype) if d_b2 is not None else None
         if grad_ln_out is not None:
             d_ln_out = d_ln_out + to_2d(grad_ln_out, module.hidden_size, dtype)
         dx, d_ln_w, d_ln_b = norm_backward(module.normalization, d_ln_out.contiguous(), x, mu, rsigma, ln_weight,

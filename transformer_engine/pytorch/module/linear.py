@@ -15,8 +15,10 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 import torch
 
+from transformer_engine.common.recipe import DelayedScaling
 from transformer_engine.pytorch.cpp_extensions import general_gemm
-from transformer_engine.pytorch.fp8 import FP8GlobalStateManager
+from transformer_engine.pytorch.cpp_extensions.bias_grad import bgrad_quantize
+from transformer_engine.pytorch.fp8 import FP8GlobalStateManager, get_fp8_te_dtype
 from transformer_engine.pytorch.tensor import Float8TensorBase
 from transformer_engine.pytorch.module.base import (
     FP8Step,
@@ -118,19 +120,31 @@ def linear_gemm_forward(module: TransformerEngineBaseModule, step: FP8Step, x: t
     return out, (x if need_wgrad else None), (w if need_dgrad else None)
 
 
-def linear_gemm_backward(step: FP8Step, dy: torch.Tensor, saved_x, saved_w, weight, dtype: torch.dtype,
-                         need_wgrad: bool, need_dgrad: bool, fuse_wgrad_accumulation: bool, index: int = 0):
+def linear_gemm_backward(step: FP8Step, dy: Optional[torch.Tensor], saved_x, saved_w, weight, dtype: torch.dtype,
+                         need_wgrad: bool, need_dgrad: bool, fuse_wgrad_accumulation: bool, index: int = 0,
+                         want_dbias: bool = False, dy_fp8: Optional[Float8TensorBase] = None):
     """dgrad and wgrad of a linear layer from its output gradient ``dy`` (2-D, ``dtype``),
-    cast to FP8 (backward tensor ``index``) under FP8. Returns (dx, dw); dw is None when it
-    went into ``weight.main_grad`` (fuse_wgrad_accumulation)."""
+    cast to FP8 (backward tensor ``index``) under FP8 unless ``dy_fp8`` is already that
+    cast. With ``want_dbias`` also the bias gradient (dy summed over rows, ``dtype``):
+    under delayed scaling from the same pass as the cast. Returns (dx, dw, dbias); dw is
+    None when it went into ``weight.main_grad`` (fuse_wgrad_accumulation)."""
     main_grad = getattr(weight, "main_grad", None) if fuse_wgrad_accumulation else None
     if fuse_wgrad_accumulation and need_wgrad and main_grad is None:
         raise RuntimeError("fuse_wgrad_accumulation=True needs weight.main_grad, a pre-allocated buffer of "
                            f"the weight's shape {tuple(weight.shape)} to accumulate into")
-    dx = dw = None
+    dx = dw = dbias = None
     if step.fp8:
-        dy_fp8 = cast_to_fp8(dy, step, index, forward=False, rowwise=need_dgrad, columnwise=need_wgrad)
-        ws = get_workspace(dy.device)
+        if dy_fp8 is None:
+            if want_dbias and isinstance(step.recipe, DelayedScaling) and (need_dgrad or need_wgrad):
+                state = step.bwd_state
+                dbias, dy_fp8 = bgrad_quantize(dy, get_fp8_te_dtype(step.recipe, False), state.scale[index:index + 1],
+                                               state.current_amax(index), rowwise=need_dgrad,
+                                               columnwise=need_wgrad)
+            else:
+                dy_fp8 = cast_to_fp8(dy, step, index, forward=False, rowwise=need_dgrad, columnwise=need_wgrad)
+        if want_dbias and dbias is None:
+            dbias = dy.sum(0)
+        ws = get_workspace(dy_fp8.device)
         if need_dgrad:
             dx = general_gemm(saved_w, dy_fp8, ws, out_dtype=dtype, layout="NN",
                               use_split_accumulator=_split(step, "fp8_gemm_dgrad"))[0]
@@ -144,6 +158,8 @@ def linear_gemm_backward(step: FP8Step, dy: torch.Tensor, saved_x, saved_w, weig
     else:
         if step.calibrating:
             record_amax(dy, step, False, index)
+        if want_dbias:
+            dbias = dy.sum(0)
         if need_dgrad:
             dx = hp_dgrad(saved_w, dy)
         if need_wgrad:
@@ -156,7 +172,7 @@ def linear_gemm_backward(step: FP8Step, dy: torch.Tensor, saved_x, saved_w, weig
         weight.grad_added_to_main_grad = True
     if dw is not None and dw.dtype != weight.dtype:
         dw = dw.to(weight.dtype)
-    return dx, dw
+    return dx, dw, dbias
 
 
 def finish_backward(step: FP8Step) -> None:
@@ -197,9 +213,10 @@ class _LinearFunction(torch.autograd.Function):
         (saved_x, saved_w), ctx.saved = ctx.saved, None
         weight = ctx.weight
         dy = to_2d(grad_out, weight.shape[0], ctx.dtype)
-        dbias = dy.sum(0).to(ctx.bias_dtype) if ctx.bias_dtype is not None and ctx.needs_input_grad[2] else None
-        dx, dw = linear_gemm_backward(ctx.step, dy, saved_x, saved_w, weight, ctx.dtype, *ctx.needs,
-                                      ctx.fuse_wgrad_accumulation)
+        want_dbias = ctx.bias_dtype is not None and ctx.needs_input_grad[2]
+        dx, dw, dbias = linear_gemm_backward(ctx.step, dy, saved_x, saved_w, weight, ctx.dtype, *ctx.needs,
+                                             ctx.fuse_wgrad_accumulation, want_dbias=want_dbias)
+        dbias = dbias.to(ctx.bias_dtype) if dbias is not None else None
         finish_backward(ctx.step)
         if dx is not None:
             dx = dx.view(ctx.inp_shape)
