@@ -215,7 +215,7 @@ def test_first_microbatch_caches_the_fp8_weight(device):
 
 
 @requires_cuda
-def test_under_torch_autocast_computes_in_its_dtype():
+def test_under_torch_autocast_cuda_computes_in_its_dtype():
     m = te.Linear(32, 16, device="cuda")
     x = torch.randn(8, 32, device="cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -287,7 +287,7 @@ def test_fp8_model_init_keeps_weights_only_in_fp8(device):
 
 
 @requires_cuda
-def test_fp8_model_init_memory():
+def test_fp8_model_init_memory_cuda():
     # A bf16 [4096, 4096] weight is 32 MiB; its FP8 data 16 MiB (the transposed copy is
     # made by the first forward that needs it).
     torch.cuda.synchronize()
