@@ -26,7 +26,7 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-from timing import copy_bandwidth, time_pair_us
+from timing import print_bandwidth_table
 
 from transformer_engine import _core
 from transformer_engine.pytorch.cpp_extensions.tensor_desc import describe
@@ -118,20 +118,10 @@ def main():
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--shapes", default="16384x4096", help="comma-separated ROWSxHIDDEN")
     args = parser.parse_args()
-    if not torch.cuda.is_available() or not _core.built_with_cuda():
-        raise SystemExit("bench_activation.py needs a CUDA GPU and a CUDA build of OpenTE")
-    copy_bw = copy_bandwidth(1 << 30, args.iters)
-    print(f"device: {torch.cuda.get_device_name()}  copy bandwidth (read+write, 1 GiB): {copy_bw / 1e9:.0f} GB/s")
-    header = ("op", "rows x hidden (bf16)", "OpenTE us", "GB/s", "of copy BW", "PyTorch us", "speed-up")
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    for rows, hidden in (map(int, s.split("x")) for s in args.shapes.split(",")):
-        for name, nbytes, ours, theirs in cases(rows, hidden):
-            us, torch_us = time_pair_us(ours, theirs, args.iters)
-            bw = nbytes / (us * 1e-6)
-            print(f"| {name} | {rows} x {hidden} | {us:.1f} | {bw / 1e9:.0f} | {bw / copy_bw:.1%} | {torch_us:.1f} "
-                  f"| {torch_us / us:.2f}x |")
-
+    shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
+    rows = ((name, f"{r} x {h}", nbytes, ours, theirs) for r, h in shapes
+            for name, nbytes, ours, theirs in cases(r, h))
+    print_bandwidth_table("bench_activation.py", rows, args.iters, "rows x hidden (bf16)")
 
 if __name__ == "__main__":
     main()

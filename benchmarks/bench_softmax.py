@@ -18,9 +18,8 @@ from __future__ import annotations
 import argparse
 
 import torch
-from timing import copy_bandwidth, time_pair_us
+from timing import print_bandwidth_table
 
-from transformer_engine import _core
 from transformer_engine.pytorch.cpp_extensions import softmax as S
 
 SCALE = 0.125
@@ -85,20 +84,14 @@ def main():
     parser.add_argument("--shapes", default="4x16x2048x2048,1x16x512x16384",
                         help="comma-separated b x h x sq x sk (bf16)")
     args = parser.parse_args()
-    if not torch.cuda.is_available() or not _core.built_with_cuda():
-        raise SystemExit("bench_softmax.py needs a CUDA GPU and a CUDA build of OpenTE")
-    copy_bw = copy_bandwidth(1 << 30, args.iters)
-    print(f"device: {torch.cuda.get_device_name()}  copy bandwidth (read+write, 1 GiB): {copy_bw / 1e9:.0f} GB/s")
-    header = ("op", "shape (bf16)", "OpenTE us", "GB/s", "of copy BW", "PyTorch us", "speed-up")
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    for b, h, sq, sk in (map(int, s.split("x")) for s in args.shapes.split(",")):
-        for name, shape, nbytes, ours, theirs in cases(b, h, sq, sk):
-            us, torch_us = time_pair_us(ours, theirs, args.iters)
-            bw = nbytes / (us * 1e-6)
-            print(f"| {name} | {shape} | {us:.1f} | {bw / 1e9:.0f} | {bw / copy_bw:.1%} | {torch_us:.1f} "
-                  f"| {torch_us / us:.2f}x |")
-        torch.cuda.empty_cache()
+    shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
+
+    def rows():
+        for b, h, sq, sk in shapes:
+            yield from cases(b, h, sq, sk)
+            torch.cuda.empty_cache()  # the next shape's tensors may be as large
+
+    print_bandwidth_table("bench_softmax.py", rows(), args.iters, "shape (bf16)")
 
 
 if __name__ == "__main__":

@@ -46,3 +46,23 @@ def copy_bandwidth(nbytes: int, iters: int) -> float:
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
     dst = torch.empty_like(src)
     return 2 * nbytes / (time_us(lambda: dst.copy_(src), iters) * 1e-6)
+
+
+def print_bandwidth_table(script: str, rows, iters: int, shape_header: str) -> None:
+    """The table of the memory-bound benchmarks: ``rows`` yields (op, shape text, bytes
+    moved, ours, theirs); each line gives our time, GB/s, the fraction of the 1 GiB copy
+    bandwidth measured first in this run, PyTorch's time and the speed-up."""
+    from transformer_engine import _core
+
+    if not torch.cuda.is_available() or not _core.built_with_cuda():
+        raise SystemExit(f"{script} needs a CUDA GPU and a CUDA build of OpenTE")
+    copy_bw = copy_bandwidth(1 << 30, iters)
+    print(f"device: {torch.cuda.get_device_name()}  copy bandwidth (read+write, 1 GiB): {copy_bw / 1e9:.0f} GB/s")
+    header = ("op", shape_header, "OpenTE us", "GB/s", "of copy BW", "PyTorch us", "speed-up")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for name, shape, nbytes, ours, theirs in rows:
+        us, torch_us = time_pair_us(ours, theirs, iters)
+        bw = nbytes / (us * 1e-6)
+        print(f"| {name} | {shape} | {us:.1f} | {bw / 1e9:.0f} | {bw / copy_bw:.1%} | {torch_us:.1f} "
+              f"| {torch_us / us:.2f}x |")

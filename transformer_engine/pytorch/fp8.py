@@ -19,8 +19,9 @@ one all-reduce when reducing): nothing here makes the host wait for the GPU.
 
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -44,10 +45,16 @@ __all__ = [
 
 def check_fp8_support() -> Tuple[bool, str]:
     """Whether FP8 can run here, and why not. A CUDA GPU needs compute capability 8.9 or
-    newer (Ada, Hopper) for FP8 GEMMs; without a GPU, OpenTE emulates FP8 on the CPU."""
+    newer (Ada, Hopper) for FP8 GEMMs; without a GPU, OpenTE emulates FP8 on the CPU.
+    Asked at every fp8_autocast entry, so answered once per device."""
     if not torch.cuda.is_available():
         return True, ""
-    major, minor = torch.cuda.get_device_capability()
+    return _fp8_support_of_device(torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _fp8_support_of_device(device: int) -> Tuple[bool, str]:
+    major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) >= (8, 9):
         return True, ""
     return False, f"FP8 needs compute capability 8.9 or newer; this GPU has {major}.{minor}"

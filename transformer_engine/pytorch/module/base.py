@@ -9,7 +9,7 @@ from typing import Dict, NamedTuple, Optional
 
 import torch
 
-from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling, Recipe
+from transformer_engine.common.recipe import DelayedScaling, Recipe
 from transformer_engine.pytorch.cpp_extensions import compute_amax, compute_scale_from_amax
 from transformer_engine.pytorch.cpp_extensions.gemm import get_cublas_workspace_size_bytes
 from transformer_engine.pytorch.fp8 import (
@@ -20,7 +20,8 @@ from transformer_engine.pytorch.fp8 import (
 )
 from transformer_engine.pytorch.tensor import Float8CurrentScalingQuantizer, Float8TensorBase
 
-__all__ = ["TransformerEngineBaseModule", "FP8Step", "get_workspace", "default_device", "activation_dtype_of"]
+__all__ = ["TransformerEngineBaseModule", "FP8Step", "get_workspace", "default_device", "activation_dtype_of",
+           "check_module_input"]
 
 _WORKSPACES: Dict[torch.device, torch.Tensor] = {}
 
@@ -46,6 +47,19 @@ def activation_dtype_of(inp: torch.Tensor) -> torch.dtype:
     if torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     return inp.dtype
+
+
+def check_module_input(owner: str, inp, size: int, size_name: str, param_device: torch.device) -> None:
+    """The checks every module makes of its input: a float32/16/bf16 tensor whose last
+    dimension is ``size`` (named ``size_name``), on the parameters' device."""
+    if not isinstance(inp, torch.Tensor):
+        raise TypeError(f"{owner}: inp must be a torch.Tensor, got {type(inp).__name__}")
+    if inp.dim() == 0 or inp.shape[-1] != size:
+        raise ValueError(f"{owner}: inp's last dimension must be {size_name}={size}, got shape {tuple(inp.shape)}")
+    if inp.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"{owner}: inp must be float32, float16 or bfloat16, got {inp.dtype}")
+    if inp.device != param_device:
+        raise ValueError(f"{owner}: inp is on {inp.device} but the parameters are on {param_device}")
 
 
 class FP8Step(NamedTuple):

@@ -8,7 +8,7 @@ from typing import Optional, Union
 import torch
 
 from transformer_engine.pytorch.module._norm import make_norm_parameters, norm_backward, norm_forward
-from transformer_engine.pytorch.module.base import activation_dtype_of, default_device
+from transformer_engine.pytorch.module.base import activation_dtype_of, check_module_input, default_device
 
 __all__ = ["LayerNorm", "RMSNorm"]
 
@@ -72,16 +72,7 @@ class _Norm(torch.nn.Module):
                 self.bias.zero_()
 
     def forward(self, inp: torch.Tensor) -> torch.Tensor:
-        name = type(self).__name__
-        if not isinstance(inp, torch.Tensor):
-            raise TypeError(f"{name}: inp must be a torch.Tensor, got {type(inp).__name__}")
-        if inp.dim() == 0 or inp.shape[-1] != self.hidden_size:
-            raise ValueError(f"{name}: inp's last dimension must be hidden_size={self.hidden_size}, "
-                             f"got shape {tuple(inp.shape)}")
-        if inp.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            raise TypeError(f"{name}: inp must be float32, float16 or bfloat16, got {inp.dtype}")
-        if inp.device != self.weight.device:
-            raise ValueError(f"{name}: inp is on {inp.device} but the parameters are on {self.weight.device}")
+        check_module_input(type(self).__name__, inp, self.hidden_size, "hidden_size", self.weight.device)
         return _NormFunction.apply(inp, self.weight, self.bias, self.normalization, self.eps,
                                    self.zero_centered_gamma, activation_dtype_of(inp))
 

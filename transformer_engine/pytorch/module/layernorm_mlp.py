@@ -24,6 +24,7 @@ from transformer_engine.pytorch.module.base import (
     TransformerEngineBaseModule,
     activation_dtype_of,
     cast_to_fp8,
+    check_module_input,
     default_device,
 )
 from transformer_engine.pytorch.module.layernorm_linear import norm_then_maybe_fp8
@@ -210,16 +211,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
         self.make_fp8_parameters(["fc1_weight", "fc2_weight"])
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None):
-        if not isinstance(inp, torch.Tensor):
-            raise TypeError(f"LayerNormMLP: inp must be a torch.Tensor, got {type(inp).__name__}")
-        if inp.dim() == 0 or inp.shape[-1] != self.hidden_size:
-            raise ValueError(f"LayerNormMLP: inp's last dimension must be hidden_size={self.hidden_size}, "
-                             f"got shape {tuple(inp.shape)}")
-        if inp.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            raise TypeError(f"LayerNormMLP: inp must be float32, float16 or bfloat16, got {inp.dtype}")
-        if inp.device != self.fc1_weight.device:
-            raise ValueError(f"LayerNormMLP: inp is on {inp.device} but the parameters are on "
-                             f"{self.fc1_weight.device}")
+        check_module_input("LayerNormMLP", inp, self.hidden_size, "hidden_size", self.fc1_weight.device)
         step = self.prepare_forward(inp.device)
         dtype = activation_dtype_of(inp)
         fc2_bias = self.fc2_bias if not self.return_bias else None

@@ -26,6 +26,7 @@ from transformer_engine.pytorch.module.base import (
     activation_dtype_of,
     cast_to_fp8,
     check_fp8_dims,
+    check_module_input,
     default_device,
     get_workspace,
     record_amax,
@@ -306,16 +307,8 @@ class Linear(TransformerEngineBaseModule):
 
     def check_input_and_parameters(self, inp, owner: str):
         """Checks the input against the layer; returns the (joined) weight and bias."""
-        if not isinstance(inp, torch.Tensor):
-            raise TypeError(f"{owner}: inp must be a torch.Tensor, got {type(inp).__name__}")
-        if inp.dim() == 0 or inp.shape[-1] != self.in_features:
-            raise ValueError(f"{owner}: inp's last dimension must be in_features={self.in_features}, "
-                             f"got shape {tuple(inp.shape)}")
-        if inp.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            raise TypeError(f"{owner}: inp must be float32, float16 or bfloat16, got {inp.dtype}")
         weight, bias = self.full_weight(), self.full_bias()
-        if inp.device != weight.device:
-            raise ValueError(f"{owner}: inp is on {inp.device} but the parameters are on {weight.device}")
+        check_module_input(owner, inp, self.in_features, "in_features", weight.device)
         return weight, bias
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None,

@@ -69,7 +69,7 @@ class _Float8QuantizerBase(Quantizer):
         """Brings ``self.scale`` (and ``scale_inv``, the result's) up to date for casting
         ``x``; returns the amax buffer the cast itself must raise (None: the cast leaves
         amax alone)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} does not implement _prepare_scale")
 
     def _new_buffers(self, shape, device):
         data = torch.empty(shape, dtype=torch.uint8, device=device) if self.rowwise_usage else None
