@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import os
 import warnings
 from contextlib import nullcontext
@@ -56,9 +57,14 @@ def _compute_capability(device_index: int) -> Tuple[int, int]:
 
 
 def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    """``value`` as a positive int (anything with __index__: numpy and 0-d torch integers too)."""
+    try:
+        number = operator.index(value) if not isinstance(value, bool) else None
+    except TypeError:
+        number = None
+    if number is None or number <= 0:
         raise ValueError(f"{_OWNER}: {name} must be a positive int, got {value!r}")
-    return value
+    return number
 
 
 def _check_cu_seqlens(cu_seqlens, name: str, batch: Optional[int]) -> Optional[torch.Tensor]:
