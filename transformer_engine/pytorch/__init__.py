@@ -1,8 +1,10 @@
 """transformer_engine.pytorch: the PyTorch front end.
 
-Modules: ``Linear``, ``LayerNorm``, ``RMSNorm``, ``LayerNormLinear``, ``LayerNormMLP``. FP8 state: ``fp8_autocast`` (and its newer name
-``autocast``), ``fp8_model_init``. The core ops are reachable through
-``transformer_engine.pytorch.cpp_extensions``.
+Modules: ``Linear``, ``LayerNorm``, ``RMSNorm``, ``LayerNormLinear``, ``LayerNormMLP``,
+``DotProductAttention`` (with the KV cache ``InferenceParams``). FP8 state: ``fp8_autocast``
+(and its newer name ``autocast``), ``fp8_model_init``. Activation recomputation:
+``checkpoint``, with ``CudaRNGStatesTracker`` for the RNG states of model-parallel regions.
+The core ops are reachable through ``transformer_engine.pytorch.cpp_extensions``.
 """
 
 from transformer_engine.pytorch.cpp_extensions import DType
@@ -14,6 +16,8 @@ from transformer_engine.pytorch.fp8 import (
     is_fp8_available,
 )
 from transformer_engine.pytorch.module import LayerNorm, LayerNormLinear, LayerNormMLP, Linear, RMSNorm
+from transformer_engine.pytorch.attention import DotProductAttention, InferenceParams
+from transformer_engine.pytorch.distributed import CudaRNGStatesTracker, checkpoint
 from transformer_engine.pytorch.tensor import (
     Float8CurrentScalingQuantizer,
     Float8Quantizer,
@@ -22,11 +26,14 @@ from transformer_engine.pytorch.tensor import (
 )
 
 __all__ = [
+    "CudaRNGStatesTracker",
     "DType",
+    "DotProductAttention",
     "FP8GlobalStateManager",
     "Float8CurrentScalingQuantizer",
     "Float8Quantizer",
     "Float8Tensor",
+    "InferenceParams",
     "LayerNorm",
     "LayerNormLinear",
     "LayerNormMLP",
@@ -34,6 +41,7 @@ __all__ = [
     "QuantizedTensor",
     "RMSNorm",
     "autocast",
+    "checkpoint",
     "fp8_autocast",
     "fp8_model_init",
     "is_fp8_available",
