@@ -5,6 +5,7 @@ Modules: ``Linear``, ``LayerNorm``, ``RMSNorm``, ``LayerNormLinear``, ``LayerNor
 ``transformer_engine.pytorch.cpp_extensions``.
 """
 
+from transformer_engine.pytorch.attention import RotaryPositionEmbedding, apply_rotary_pos_emb
 from transformer_engine.pytorch.cpp_extensions import DType
 from transformer_engine.pytorch.fp8 import (
     FP8GlobalStateManager,
@@ -33,6 +34,8 @@ __all__ = [
     "Linear",
     "QuantizedTensor",
     "RMSNorm",
+    "RotaryPositionEmbedding",
+    "apply_rotary_pos_emb",
     "autocast",
     "fp8_autocast",
     "fp8_model_init",
