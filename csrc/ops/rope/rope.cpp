@@ -85,7 +85,7 @@ const int32_t* checked_int32_vector(const te_tensor* desc, const char* arg, int6
 
 // On the CPU the THD sequence bounds can be read: they must describe sequences that
 // lie in the t tokens, in order (opente/rope.h).
-void check_host_cu_seqlens(const RopeParams& p) {
+void check_host_cu_seqlens(const RopeParams& p, const char* input_name) {
   const int32_t* cu = p.cu_seqlens;
   OPENTE_CHECK_ARG(cu[0] >= 0, "cu_seqlens[0] must be >= 0, got ", cu[0]);
   for (int64_t i = 0; i < p.b; ++i) {
@@ -97,7 +97,7 @@ void check_host_cu_seqlens(const RopeParams& p) {
   }
   OPENTE_CHECK_ARG(cu[p.b] / p.cp_size <= p.s, "cu_seqlens[", p.b, "] = ", cu[p.b],
                    p.cp_size > 1 ? concat(" (divided by cp_size ", p.cp_size, ")") : std::string(),
-                   " must not exceed the ", p.s, " tokens of the input");
+                   " must not exceed t = ", p.s, " (the tokens of ", input_name, ")");
 }
 
 void rope(const RopeArgNames& names, const te_tensor* input_desc, const int64_t* input_strides,
@@ -199,7 +199,7 @@ void rope(const RopeArgNames& names, const te_tensor* input_desc, const int64_t*
   p.cp_size = config->cp_size;
   p.cp_rank = config->cp_rank;
   if (in.device.type == TE_DEVICE_CPU) {
-    if (thd) check_host_cu_seqlens(p);
+    if (thd) check_host_cu_seqlens(p, names.input);
     rope_cpu(p);
   } else {
     OPENTE_CUDA_CALL(names.input, rope_cuda(p, in.device.index, stream));
