@@ -553,6 +553,11 @@ TEST(RopeBadInput, Cases) {
       {"null output data", S, [](Args& a) { a.out.data = nullptr; }, {"{out}.data must not be null"}},
       {"null freqs data", S, [](Args& a) { a.tf.data = nullptr; }, {"freqs.data must not be null"}},
       {"output is input", S, [](Args& a) { a.out.data = a.x.data(); }, {"{out} must not overlap {in} in memory"}},
+      {"output over freqs", S, [](Args& a) { a.out.data = a.freqs.data() + 60; }, {"{out} must not overlap freqs"}},
+      {"output over cu_seqlens", T, [](Args& a) { a.out.data = a.cu.data(); }, {"{out} must not overlap cu_seqlens"}},
+      {"output over start_positions", S,
+       [](Args& a) { a.start_ptr = &a.tstart, a.out.data = a.start.data() + 1; },
+       {"{out} must not overlap start_positions"}},
       {"output in a strided input's span", S,
        [](Args& a) {
          a.strides = {96, 48, 16, 2};  // the input spans x[0, 383]

@@ -189,6 +189,17 @@ void rope(const RopeArgNames& names, const te_tensor* input_desc, const int64_t*
   const int64_t esize = int64_t(dtype_size(te_dtype(in.dtype)));
   OPENTE_CHECK_ARG(!overlap(out.data, elements * esize, in.data, (st.last_offset + 1) * esize), names.output,
                    " must not overlap ", names.input, " in memory");
+  // The small inputs are read by every block while others write: no overlap either.
+  OPENTE_CHECK_ARG(!overlap(out.data, elements * esize, freqs.data, p.s2 * p.d2 * 4), names.output,
+                   " must not overlap freqs in memory");
+  if (p.cu_seqlens) {
+    OPENTE_CHECK_ARG(!overlap(out.data, elements * esize, p.cu_seqlens, (p.b + 1) * 4), names.output,
+                     " must not overlap cu_seqlens in memory");
+  }
+  if (p.start_positions) {
+    OPENTE_CHECK_ARG(!overlap(out.data, elements * esize, p.start_positions, p.b * 4), names.output,
+                     " must not overlap start_positions in memory");
+  }
 
   p.input = in.data;
   p.output = out.data;
