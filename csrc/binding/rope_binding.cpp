@@ -21,12 +21,11 @@ using RopeOp = te_status (*)(const te_tensor*, const int64_t*, const te_tensor*,
                              const te_tensor*, const te_rope_config*, void*);
 
 // The C API reads ndim strides through a bare pointer: the count is checked here.
-const int64_t* strides_of(const std::optional<std::vector<int64_t>>& strides, const te_tensor& t,
-                          const char* name) {
+const int64_t* strides_of(const std::optional<std::vector<int64_t>>& strides, const te_tensor& t, const char* name) {
   if (!strides) return nullptr;
   if (strides->size() != size_t(t.ndim)) {
-    throw nb::value_error((std::string(name) + " must have one stride per dim (" + std::to_string(t.ndim) +
-                           "), got " + std::to_string(strides->size()))
+    throw nb::value_error((std::string(name) + " must have one stride per dim (" + std::to_string(t.ndim) + "), got " +
+                           std::to_string(strides->size()))
                               .c_str());
   }
   return strides->data();
@@ -43,9 +42,8 @@ void def_rope(nb::module_& m, const char* name, RopeOp op, const char* x_name, c
                          uintptr_t stream) {
         const int64_t* strides = strides_of(x_strides, x, strides_name);
         const te_rope_config config{format, interleaved ? 1 : 0, cp_size, cp_rank};
-        call_core([&] {
-          return op(&x, strides, &freqs, cu_seqlens, start_positions, &y, &config, as_ptr<void>(stream));
-        });
+        call_core(
+            [&] { return op(&x, strides, &freqs, cu_seqlens, start_positions, &y, &config, as_ptr<void>(stream)); });
       },
       nb::arg(x_name), nb::arg(strides_name).none(), nb::arg("freqs"), nb::arg("cu_seqlens").none(),
       nb::arg("start_positions").none(), nb::arg(y_name), nb::arg("format"), nb::arg("interleaved") = false,

@@ -27,22 +27,26 @@ const te_status NIMP = TE_ERROR_NOT_IMPLEMENTED;
 const te_dtype kDtypes[] = {TE_DTYPE_FLOAT32, TE_DTYPE_FLOAT16, TE_DTYPE_BFLOAT16};
 const te_rope_format kFormats[] = {TE_ROPE_SBHD, TE_ROPE_BSHD, TE_ROPE_THD};
 
-const char* format_str(te_rope_format f) {
-  return f == TE_ROPE_SBHD ? "sbhd" : f == TE_ROPE_BSHD ? "bshd" : "thd";
-}
+const char* format_str(te_rope_format f) { return f == TE_ROPE_SBHD ? "sbhd" : f == TE_ROPE_BSHD ? "bshd" : "thd"; }
 
 double unit_roundoff(te_dtype d) {
   switch (d) {
-    case TE_DTYPE_FLOAT16: return std::ldexp(1.0, -11);
-    case TE_DTYPE_BFLOAT16: return std::ldexp(1.0, -8);
-    default: return kU;
+    case TE_DTYPE_FLOAT16:
+      return std::ldexp(1.0, -11);
+    case TE_DTYPE_BFLOAT16:
+      return std::ldexp(1.0, -8);
+    default:
+      return kU;
   }
 }
 double half_min_step(te_dtype d) {
   switch (d) {
-    case TE_DTYPE_FLOAT16: return std::ldexp(1.0, -25);
-    case TE_DTYPE_BFLOAT16: return std::ldexp(1.0, -134);
-    default: return std::ldexp(1.0, -150);
+    case TE_DTYPE_FLOAT16:
+      return std::ldexp(1.0, -25);
+    case TE_DTYPE_BFLOAT16:
+      return std::ldexp(1.0, -134);
+    default:
+      return std::ldexp(1.0, -150);
   }
 }
 
@@ -103,16 +107,18 @@ int64_t reference_position(const Problem& pb, int64_t j, int64_t n, int64_t star
 }
 
 struct Data {
-  Buffer x;                   // the input's storage
-  std::vector<float> freqs;   // [s2, d2]
-  Buffer y;                   // the output, contiguous
+  Buffer x;                  // the input's storage
+  std::vector<float> freqs;  // [s2, d2]
+  Buffer y;                  // the output, contiguous
 };
 
 Data make_data(const Problem& pb, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<double> normal(0.0, 1.0);
   std::uniform_real_distribution<double> angle(-100.0, 100.0);
-  Data dt{Buffer(size_t(pb.storage_elements()) * elem_size(pb.dtype)), {}, Buffer(size_t(numel_of(pb.shape())) * elem_size(pb.dtype))};
+  Data dt{Buffer(size_t(pb.storage_elements()) * elem_size(pb.dtype)),
+          {},
+          Buffer(size_t(numel_of(pb.shape())) * elem_size(pb.dtype))};
   for (int64_t i = 0; i < pb.storage_elements(); ++i) store_value(dt.x, pb.dtype, size_t(i), float(normal(rng)));
   dt.freqs.resize(size_t(pb.freq_rows() * pb.d2));
   for (float& f : dt.freqs) f = float(angle(rng));
@@ -239,7 +245,10 @@ void check_problem(const Problem& pb, uint32_t seed = 1) {
     if (!ok) {
       ++failures;
       ADD_FAILURE() << "element " << o << ": got " << got << ", want " << e.value[o]
-                    << (e.nan[o] ? " (NaN)" : e.exact[o] ? " (exact copy)" : "") << " bound " << e.bound[o];
+                    << (e.nan[o]     ? " (NaN)"
+                        : e.exact[o] ? " (exact copy)"
+                                     : "")
+                    << " bound " << e.bound[o];
     }
   }
   EXPECT_TRUE(dt.y.guard_intact()) << "wrote past the output";
@@ -491,63 +500,124 @@ TEST(RopeBadInput, Cases) {
       {"null config", S, [](Args& a) { a.config_ptr = nullptr; }, {"config must not be null"}},
       {"bad format", S, [](Args& a) { a.config.format = 3; }, {"config.format must be TE_ROPE_SBHD", "got 3"}},
       {"cp_size 0", S, [](Args& a) { a.config.cp_size = 0; }, {"config.cp_size must be >= 1, got 0"}},
-      {"cp_rank", S, [](Args& a) { a.config.cp_size = 2, a.config.cp_rank = 2; },
+      {"cp_rank",
+       S,
+       [](Args& a) { a.config.cp_size = 2, a.config.cp_rank = 2; },
        {"config.cp_rank must be in [0, 2)", "got 2"}},
       {"null input", S, [](Args& a) { a.in_ptr = nullptr; }, {"{in} must not be null"}},
-      {"int32 input", S, [](Args& a) { a.in.dtype = TE_DTYPE_INT32; },
+      {"int32 input",
+       S,
+       [](Args& a) { a.in.dtype = TE_DTYPE_INT32; },
        {"{in} dtype must be float32, float16 or bfloat16, got int32"}},
-      {"fp8 input", S, [](Args& a) { a.in.dtype = TE_DTYPE_FLOAT8_E4M3; },
+      {"fp8 input",
+       S,
+       [](Args& a) { a.in.dtype = TE_DTYPE_FLOAT8_E4M3; },
        {"{in} dtype must be float32, float16 or bfloat16, got float8_e4m3"}},
-      {"3D sbhd", S, [](Args& a) { a.in.ndim = 3; },
+      {"3D sbhd",
+       S,
+       [](Args& a) { a.in.ndim = 3; },
        {"{in} must be 4D [s, b, h, d] for format SBHD, got shape [4, 2, 3]"}},
-      {"3D bshd", S, [](Args& a) { a.config.format = TE_ROPE_BSHD, a.in.ndim = 3; },
+      {"3D bshd",
+       S,
+       [](Args& a) { a.config.format = TE_ROPE_BSHD, a.in.ndim = 3; },
        {"{in} must be 4D [b, s, h, d] for format BSHD"}},
-      {"4D thd", T, [](Args& a) { a.in.ndim = 4, a.in.shape[3] = 1; },
+      {"4D thd",
+       T,
+       [](Args& a) { a.in.ndim = 4, a.in.shape[3] = 1; },
        {"{in} must be 3D [t, h, d] for format THD, got shape [9, 3, 8, 1]"}},
-      {"negative stride", S, [](Args& a) { a.strides = {48, 24, 8, -1}, a.strides_ptr = a.strides.data(); },
+      {"negative stride",
+       S,
+       [](Args& a) {
+         a.strides = {48, 24, 8, -1}, a.strides_ptr = a.strides.data();
+       },
        {"{in}_strides[3] must be >= 0, got -1"}},
       {"null freqs", S, [](Args& a) { a.f_ptr = nullptr; }, {"freqs must not be null"}},
       {"fp16 freqs", S, [](Args& a) { a.tf.dtype = TE_DTYPE_FLOAT16; }, {"freqs dtype must be float32, got float16"}},
-      {"2D freqs", S, [](Args& a) { a.tf.ndim = 2, a.tf.shape[1] = 8; },
+      {"2D freqs",
+       S,
+       [](Args& a) { a.tf.ndim = 2, a.tf.shape[1] = 8; },
        {"freqs must be 4D [s2, 1, 1, d2], got shape [8, 8]"}},
-      {"freqs heads", S, [](Args& a) { a.tf.shape[2] = 3; },
+      {"freqs heads",
+       S,
+       [](Args& a) { a.tf.shape[2] = 3; },
        {"freqs must be 4D [s2, 1, 1, d2], got shape [8, 1, 3, 8]"}},
       {"odd d2", S, [](Args& a) { a.tf.shape[3] = 7; }, {"freqs last dim d2 must be even", "got 7"}},
-      {"d2 > d", S, [](Args& a) { a.tf.shape[3] = 10; },
+      {"d2 > d",
+       S,
+       [](Args& a) { a.tf.shape[3] = 10; },
        {"freqs last dim d2 = 10 must not exceed the head dim d = 8 of {in} shape [4, 2, 3, 8]"}},
-      {"short freqs", S, [](Args& a) { a.tf.shape[0] = 3; },
+      {"short freqs",
+       S,
+       [](Args& a) { a.tf.shape[0] = 3; },
        {"freqs has 3 positions, but {in} sequence length 4 needs 4"}},
-      {"short freqs cp", S, [](Args& a) { a.config.cp_size = 2, a.tf.shape[0] = 7; },
+      {"short freqs cp",
+       S,
+       [](Args& a) { a.config.cp_size = 2, a.tf.shape[0] = 7; },
        {"freqs has 7 positions, but {in} sequence length 4 on rank 0 of 2 needs 8"}},
-      {"odd s cp", S, [](Args& a) { a.config.cp_size = 2, a.in.shape[0] = 3, a.out.shape[0] = 3; },
+      {"odd s cp",
+       S,
+       [](Args& a) { a.config.cp_size = 2, a.in.shape[0] = 3, a.out.shape[0] = 3; },
        {"{in} sequence length s must be even with context parallelism (cp_size 2), got 3"}},
       {"missing cu_seqlens", T, [](Args& a) { a.cu_ptr = nullptr; }, {"cu_seqlens must be given for format THD"}},
       {"cu_seqlens with sbhd", S, [](Args& a) { a.cu_ptr = &a.tcu; }, {"cu_seqlens must be null for format SBHD"}},
-      {"cu_seqlens dtype", T, [](Args& a) { a.tcu.dtype = TE_DTYPE_INT64; },
+      {"cu_seqlens dtype",
+       T,
+       [](Args& a) { a.tcu.dtype = TE_DTYPE_INT64; },
        {"cu_seqlens dtype must be int32, got int64"}},
-      {"cu_seqlens 2D", T, [](Args& a) { a.tcu.ndim = 2, a.tcu.shape[1] = 1; },
+      {"cu_seqlens 2D",
+       T,
+       [](Args& a) { a.tcu.ndim = 2, a.tcu.shape[1] = 1; },
        {"cu_seqlens must be 1D [b + 1], got shape [3, 1]"}},
       {"cu_seqlens empty", T, [](Args& a) { a.tcu.shape[0] = 0; }, {"cu_seqlens must be 1D [b + 1], got shape [0]"}},
       {"null cu_seqlens data", T, [](Args& a) { a.tcu.data = nullptr; }, {"cu_seqlens.data must not be null"}},
-      {"decreasing cu_seqlens", T, [](Args& a) { a.cu = {0, 5, 4}; },
+      {"decreasing cu_seqlens",
+       T,
+       [](Args& a) {
+         a.cu = {0, 5, 4};
+       },
        {"cu_seqlens must be non-decreasing, got cu_seqlens[1] = 5 > cu_seqlens[2] = 4"}},
-      {"negative cu_seqlens", T, [](Args& a) { a.cu = {-1, 4, 9}; }, {"cu_seqlens[0] must be >= 0, got -1"}},
-      {"cu_seqlens past t", T, [](Args& a) { a.cu = {0, 4, 10}; },
+      {"negative cu_seqlens",
+       T,
+       [](Args& a) {
+         a.cu = {-1, 4, 9};
+       },
+       {"cu_seqlens[0] must be >= 0, got -1"}},
+      {"cu_seqlens past t",
+       T,
+       [](Args& a) {
+         a.cu = {0, 4, 10};
+       },
        {"cu_seqlens[2] = 10 must not exceed t = 9 (the tokens of {in})"}},
-      {"odd local length cp", T, [](Args& a) { a.config.cp_size = 2, a.cu = {0, 4, 10}; },
+      {"odd local length cp",
+       T,
+       [](Args& a) {
+         a.config.cp_size = 2, a.cu = {0, 4, 10};
+       },
        {"with cp_size 2 every sequence's local length must be even", "sequence 1 has 3"}},
-      {"start_positions length", S, [](Args& a) { a.start_ptr = &a.tstart, a.tstart.shape[0] = 1; },
+      {"start_positions length",
+       S,
+       [](Args& a) { a.start_ptr = &a.tstart, a.tstart.shape[0] = 1; },
        {"start_positions shape must be [2] (one offset per sequence), got [1]"}},
-      {"start_positions dtype", S, [](Args& a) { a.start_ptr = &a.tstart, a.tstart.dtype = TE_DTYPE_FLOAT32; },
+      {"start_positions dtype",
+       S,
+       [](Args& a) { a.start_ptr = &a.tstart, a.tstart.dtype = TE_DTYPE_FLOAT32; },
        {"start_positions dtype must be int32, got float32"}},
-      {"start_positions with cp", S, [](Args& a) { a.start_ptr = &a.tstart, a.config.cp_size = 2; },
+      {"start_positions with cp",
+       S,
+       [](Args& a) { a.start_ptr = &a.tstart, a.config.cp_size = 2; },
        {"start_positions is not supported with context parallelism (cp_size 2)"}},
-      {"null start data", T, [](Args& a) { a.start_ptr = &a.tstart, a.tstart.data = nullptr; },
+      {"null start data",
+       T,
+       [](Args& a) { a.start_ptr = &a.tstart, a.tstart.data = nullptr; },
        {"start_positions.data must not be null"}},
       {"null output", S, [](Args& a) { a.out_ptr = nullptr; }, {"{out} must not be null"}},
-      {"output dtype", S, [](Args& a) { a.out.dtype = TE_DTYPE_BFLOAT16; },
+      {"output dtype",
+       S,
+       [](Args& a) { a.out.dtype = TE_DTYPE_BFLOAT16; },
        {"{out} dtype must equal {in} dtype float32, got bfloat16"}},
-      {"output shape", S, [](Args& a) { a.out.shape[2] = 2; },
+      {"output shape",
+       S,
+       [](Args& a) { a.out.shape[2] = 2; },
        {"{out} shape [4, 2, 2, 8] must equal {in} shape [4, 2, 3, 8]"}},
       {"null input data", S, [](Args& a) { a.in.data = nullptr; }, {"{in}.data must not be null"}},
       {"null output data", S, [](Args& a) { a.out.data = nullptr; }, {"{out}.data must not be null"}},
@@ -555,10 +625,12 @@ TEST(RopeBadInput, Cases) {
       {"output is input", S, [](Args& a) { a.out.data = a.x.data(); }, {"{out} must not overlap {in} in memory"}},
       {"output over freqs", S, [](Args& a) { a.out.data = a.freqs.data() + 60; }, {"{out} must not overlap freqs"}},
       {"output over cu_seqlens", T, [](Args& a) { a.out.data = a.cu.data(); }, {"{out} must not overlap cu_seqlens"}},
-      {"output over start_positions", S,
+      {"output over start_positions",
+       S,
        [](Args& a) { a.start_ptr = &a.tstart, a.out.data = a.start.data() + 1; },
        {"{out} must not overlap start_positions"}},
-      {"output in a strided input's span", S,
+      {"output in a strided input's span",
+       S,
        [](Args& a) {
          a.strides = {96, 48, 16, 2};  // the input spans x[0, 383]
          a.strides_ptr = a.strides.data();

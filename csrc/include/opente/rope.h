@@ -45,7 +45,7 @@
  * NULL for a contiguous x. The output is contiguous in the same layout. The output
  * must not overlap x (a rotation reads two elements for every one it writes).
  *
- * Sizes: any s, b, h, t >= 0 and d >= 1 (odd too); tensors with no elements write
+ * Sizes: any s, b, h, t and d (odd d too); tensors with no elements write
  * nothing. stream: a cudaStream_t for CUDA tensors; ignored on the CPU. */
 #ifndef OPENTE_ROPE_H_
 #define OPENTE_ROPE_H_

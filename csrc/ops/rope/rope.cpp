@@ -1,8 +1,8 @@
 // C API of the rope family: validate the descriptors and the config, then run
 // the CPU reference or the CUDA kernels on the input's device.
-#include <stdint.h>
-
 #include "opente/rope.h"
+
+#include <stdint.h>
 
 #include "common/error.h"
 #include "common/tensor_checks.h"
@@ -25,17 +25,19 @@ constexpr RopeArgNames kBwdNames{"grad_output", "grad_output_strides", "grad_inp
 
 const char* format_name(int32_t format) {
   switch (format) {
-    case TE_ROPE_SBHD: return "SBHD";
-    case TE_ROPE_BSHD: return "BSHD";
-    default: return "THD";
+    case TE_ROPE_SBHD:
+      return "SBHD";
+    case TE_ROPE_BSHD:
+      return "BSHD";
+    default:
+      return "THD";
   }
 }
 
 void check_config(const te_rope_config* config) {
   OPENTE_CHECK_ARG(config != nullptr, "config must not be null");
   OPENTE_CHECK_ARG(config->format >= TE_ROPE_SBHD && config->format <= TE_ROPE_THD,
-                   "config.format must be TE_ROPE_SBHD (0), TE_ROPE_BSHD (1) or TE_ROPE_THD (2), got ",
-                   config->format);
+                   "config.format must be TE_ROPE_SBHD (0), TE_ROPE_BSHD (1) or TE_ROPE_THD (2), got ", config->format);
   OPENTE_CHECK_ARG(config->cp_size >= 1, "config.cp_size must be >= 1, got ", config->cp_size);
   OPENTE_CHECK_ARG(config->cp_rank >= 0 && config->cp_rank < config->cp_size, "config.cp_rank must be in [0, ",
                    config->cp_size, ") for cp_size ", config->cp_size, ", got ", config->cp_rank);
@@ -76,8 +78,7 @@ const int32_t* checked_int32_vector(const te_tensor* desc, const char* arg, int6
                                     const char* device_owner, const char* what) {
   const te_tensor& t = checked_tensor(desc, arg);
   check_dtype(t, arg, t.dtype == TE_DTYPE_INT32, "int32");
-  OPENTE_CHECK_ARG(t.ndim == 1 && t.shape[0] == n, arg, " shape must be [", n, "] (", what, "), got ",
-                   shape_string(t));
+  OPENTE_CHECK_ARG(t.ndim == 1 && t.shape[0] == n, arg, " shape must be [", n, "] (", what, "), got ", shape_string(t));
   check_same_device(device, device_owner, t.device, arg);
   if (n > 0) check_pointer(t.data, arg, "data");
   return static_cast<const int32_t*>(t.data);
@@ -145,11 +146,10 @@ void rope(const RopeArgNames& names, const te_tensor* input_desc, const int64_t*
   if (thd) {
     OPENTE_CHECK_ARG(cu_seqlens_desc != nullptr, "cu_seqlens must be given for format THD");
     const te_tensor& cu = checked_tensor(cu_seqlens_desc, "cu_seqlens");
-    OPENTE_CHECK_ARG(cu.ndim == 1 && cu.shape[0] >= 1, "cu_seqlens must be 1D [b + 1], got shape ",
-                     shape_string(cu));
+    OPENTE_CHECK_ARG(cu.ndim == 1 && cu.shape[0] >= 1, "cu_seqlens must be 1D [b + 1], got shape ", shape_string(cu));
     p.b = cu.shape[0] - 1;
-    p.cu_seqlens = checked_int32_vector(cu_seqlens_desc, "cu_seqlens", p.b + 1, in.device, names.input,
-                                        "b + 1 sequence bounds");
+    p.cu_seqlens =
+        checked_int32_vector(cu_seqlens_desc, "cu_seqlens", p.b + 1, in.device, names.input, "b + 1 sequence bounds");
   } else {
     OPENTE_CHECK_ARG(cu_seqlens_desc == nullptr, "cu_seqlens must be null for format ", format_name(format),
                      " (it describes THD's packed sequences)");
@@ -220,17 +220,16 @@ void rope(const RopeArgNames& names, const te_tensor* input_desc, const int64_t*
 }  // namespace
 
 extern "C" te_status te_rope_fwd(const te_tensor* input, const int64_t* input_strides, const te_tensor* freqs,
-                                 const te_tensor* cu_seqlens, const te_tensor* start_positions,
-                                 const te_tensor* output, const te_rope_config* config, void* stream) {
+                                 const te_tensor* cu_seqlens, const te_tensor* start_positions, const te_tensor* output,
+                                 const te_rope_config* config, void* stream) {
   return run_op("te_rope_fwd", [&] {
     rope(kFwdNames, input, input_strides, freqs, cu_seqlens, start_positions, output, config, false, stream);
   });
 }
 
 extern "C" te_status te_rope_bwd(const te_tensor* grad_output, const int64_t* grad_output_strides,
-                                 const te_tensor* freqs, const te_tensor* cu_seqlens,
-                                 const te_tensor* start_positions, const te_tensor* grad_input,
-                                 const te_rope_config* config, void* stream) {
+                                 const te_tensor* freqs, const te_tensor* cu_seqlens, const te_tensor* start_positions,
+                                 const te_tensor* grad_input, const te_rope_config* config, void* stream) {
   return run_op("te_rope_bwd", [&] {
     rope(kBwdNames, grad_output, grad_output_strides, freqs, cu_seqlens, start_positions, grad_input, config, true,
          stream);

@@ -99,9 +99,7 @@ struct RowPlace {
   bool rotate;
 };
 
-__device__ __forceinline__ int64_t scaled_bound(const RopeParams& p, int64_t i) {
-  return p.cu_seqlens[i] / p.cp_size;
-}
+__device__ __forceinline__ int64_t scaled_bound(const RopeParams& p, int64_t i) { return p.cu_seqlens[i] / p.cp_size; }
 
 __device__ RowPlace row_place(const RopeParams& p, int64_t row) {
   if (p.format != TE_ROPE_THD) {
@@ -238,8 +236,7 @@ void launch(const RopeParams& p, int device, cudaStream_t stream) {
 
   const int64_t row_blocks = ceil_div(g.rows, kBlockThreads / g.lanes);
   OPENTE_CHECK_ARG(row_blocks <= INT32_MAX, "input has ", g.rows, " rows (tokens), more than one launch covers");
-  rope_kernel<T, kVec, kInterleaved>
-      <<<dim3(unsigned(row_blocks), unsigned(groups)), kBlockThreads, 0, stream>>>(p, g);
+  rope_kernel<T, kVec, kInterleaved><<<dim3(unsigned(row_blocks), unsigned(groups)), kBlockThreads, 0, stream>>>(p, g);
   check_launch("rope_kernel");
 }
 
@@ -252,10 +249,9 @@ void rope_cuda(const RopeParams& p, int device, void* stream) {
     using T = typename CudaType<decltype(tag)::value>::type;
     constexpr int kV = 16 / sizeof(T);
     const bool thd = p.format == TE_ROPE_THD;
-    const bool vectorized =
-        p.stride_d == 1 && p.d % kV == 0 && (p.interleaved ? p.d2 : p.d2 / 2) % kV == 0 &&
-        !breaks_vectors(p.s, p.stride_s, kV) && !(!thd && breaks_vectors(p.b, p.stride_b, kV)) &&
-        !breaks_vectors(p.h, p.stride_h, kV) && is_aligned(p.input, 16) && is_aligned(p.output, 16);
+    const bool vectorized = p.stride_d == 1 && p.d % kV == 0 && (p.interleaved ? p.d2 : p.d2 / 2) % kV == 0 &&
+                            !breaks_vectors(p.s, p.stride_s, kV) && !(!thd && breaks_vectors(p.b, p.stride_b, kV)) &&
+                            !breaks_vectors(p.h, p.stride_h, kV) && is_aligned(p.input, 16) && is_aligned(p.output, 16);
     if (p.interleaved) {
       vectorized ? launch<T, true, true>(p, device, s) : launch<T, false, true>(p, device, s);
     } else {

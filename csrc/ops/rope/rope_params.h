@@ -19,28 +19,26 @@
 namespace opente {
 
 struct RopeParams {
-  const void* input;                // strided: element (row dims, head k, feature f) at
-                                    // row offset + k * stride_h + f * stride_d
-  void* output;                     // contiguous [rows, h, d], the input's layout
-  const float* freqs;               // [s2, d2]
-  const int32_t* cu_seqlens;        // THD: [b + 1]; else null
-  const int32_t* start_positions;   // [b] or null
-  te_dtype dtype;                   // float32, float16, bfloat16
+  const void* input;               // strided: element (row dims, head k, feature f) at
+                                   // row offset + k * stride_h + f * stride_d
+  void* output;                    // contiguous [rows, h, d], the input's layout
+  const float* freqs;              // [s2, d2]
+  const int32_t* cu_seqlens;       // THD: [b + 1]; else null
+  const int32_t* start_positions;  // [b] or null
+  te_dtype dtype;                  // float32, float16, bfloat16
   te_rope_format format;
   bool interleaved;
-  bool backward;                    // the transposed rotation
-  int64_t s;                        // SBHD / BSHD: sequence length; THD: t, the tokens
-  int64_t b;                        // batch; THD: the number of sequences
+  bool backward;  // the transposed rotation
+  int64_t s;      // SBHD / BSHD: sequence length; THD: t, the tokens
+  int64_t b;      // batch; THD: the number of sequences
   int64_t h, d, d2, s2;
-  int64_t stride_s, stride_b;       // THD: stride_s is the token stride, stride_b unused
+  int64_t stride_s, stride_b;  // THD: stride_s is the token stride, stride_b unused
   int64_t stride_h, stride_d;
   int32_t cp_size, cp_rank;
 };
 
 // Output rows: one per (s, b) pair, or per THD token, in the output's order.
-OPENTE_HOST_DEVICE inline int64_t rope_rows(const RopeParams& p) {
-  return p.format == TE_ROPE_THD ? p.s : p.s * p.b;
-}
+OPENTE_HOST_DEVICE inline int64_t rope_rows(const RopeParams& p) { return p.format == TE_ROPE_THD ? p.s : p.s * p.b; }
 
 // The (sequence index j, batch / sequence number) of SBHD / BSHD output row `row`.
 OPENTE_HOST_DEVICE inline void rope_sb_of_row(const RopeParams& p, int64_t row, int64_t* j, int64_t* batch) {
@@ -55,8 +53,7 @@ OPENTE_HOST_DEVICE inline void rope_sb_of_row(const RopeParams& p, int64_t row, 
 
 // Position of token j of a sequence of (local) length n: j + start without
 // context parallelism, else the two-chunk split of opente/rope.h.
-OPENTE_HOST_DEVICE inline int64_t rope_position(int64_t j, int64_t n, int64_t start, int32_t cp_size,
-                                                int32_t cp_rank) {
+OPENTE_HOST_DEVICE inline int64_t rope_position(int64_t j, int64_t n, int64_t start, int32_t cp_size, int32_t cp_rank) {
   if (cp_size <= 1) return j + start;
   const int64_t half = n / 2;
   if (j < half) return j + int64_t(cp_rank) * half;
