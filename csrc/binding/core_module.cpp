@@ -25,6 +25,7 @@ using opente_binding::call_core;
 // Op families bound in their own files (csrc/binding/*_binding.cpp).
 void bind_softmax(nb::module_& m);
 void bind_bias_grad(nb::module_& m);
+void bind_rope(nb::module_& m);
 
 namespace {
 
@@ -286,4 +287,5 @@ NB_MODULE(_core, m) {
 
   bind_softmax(m);
   bind_bias_grad(m);
+  bind_rope(m);
 }

@@ -1,7 +1,8 @@
 """transformer_engine.pytorch: the PyTorch front end.
 
 Modules: ``Linear``, ``LayerNorm``, ``RMSNorm``, ``LayerNormLinear``, ``LayerNormMLP``,
-``DotProductAttention`` (with the KV cache ``InferenceParams``). FP8 state: ``fp8_autocast``
+``DotProductAttention`` (with the KV cache ``InferenceParams``), rotary embeddings
+(``RotaryPositionEmbedding``, ``apply_rotary_pos_emb``). FP8 state: ``fp8_autocast``
 (and its newer name ``autocast``), ``fp8_model_init``. Activation recomputation:
 ``checkpoint``, with ``CudaRNGStatesTracker`` for the RNG states of model-parallel regions.
 The core ops are reachable through ``transformer_engine.pytorch.cpp_extensions``.
@@ -16,7 +17,12 @@ from transformer_engine.pytorch.fp8 import (
     is_fp8_available,
 )
 from transformer_engine.pytorch.module import LayerNorm, LayerNormLinear, LayerNormMLP, Linear, RMSNorm
-from transformer_engine.pytorch.attention import DotProductAttention, InferenceParams
+from transformer_engine.pytorch.attention import (
+    DotProductAttention,
+    InferenceParams,
+    RotaryPositionEmbedding,
+    apply_rotary_pos_emb,
+)
 from transformer_engine.pytorch.distributed import CudaRNGStatesTracker, checkpoint
 from transformer_engine.pytorch.tensor import (
     Float8CurrentScalingQuantizer,
@@ -40,6 +46,8 @@ __all__ = [
     "Linear",
     "QuantizedTensor",
     "RMSNorm",
+    "RotaryPositionEmbedding",
+    "apply_rotary_pos_emb",
     "autocast",
     "checkpoint",
     "fp8_autocast",

@@ -8,6 +8,7 @@
 #include "opente/norm.h"
 #include "opente/quantize.h"
 #include "opente/recipe.h"
+#include "opente/rope.h"
 #include "opente/softmax.h"
 #include "opente/status.h"
 #include "opente/tensor.h"

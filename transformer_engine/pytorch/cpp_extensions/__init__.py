@@ -51,6 +51,7 @@ from transformer_engine.pytorch.cpp_extensions.normalization import (
     rmsnorm_fwd,
 )
 from transformer_engine.pytorch.cpp_extensions.recipe import compute_scale_from_amax, delayed_scaling_update
+from transformer_engine.pytorch.cpp_extensions.rope import fused_rope_backward, fused_rope_forward
 from transformer_engine.pytorch.cpp_extensions.softmax import (
     scaled_aligned_causal_masked_softmax_backward,
     scaled_aligned_causal_masked_softmax_forward,
@@ -90,6 +91,8 @@ __all__ = [
     "dsrelu",
     "dswiglu",
     "dswiglu_cast_transpose",
+    "fused_rope_backward",
+    "fused_rope_forward",
     "geglu",
     "gelu",
     "general_gemm",

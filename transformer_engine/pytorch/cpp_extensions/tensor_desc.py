@@ -7,7 +7,7 @@ import torch
 from transformer_engine import _core
 from transformer_engine._core import DType
 
-__all__ = ["DType", "describe", "fp8_dtype_of", "stream_of", "te_dtype", "check_fp32_buffer"]
+__all__ = ["DType", "describe", "describe_view", "fp8_dtype_of", "stream_of", "te_dtype", "check_fp32_buffer"]
 
 _TORCH_TO_TE = {
     torch.uint8: DType.kByte,
@@ -74,6 +74,16 @@ def describe(
         scale_inv=scale_inv.data_ptr() if scale_inv is not None else 0,
         scaling_mode=int(scaling_mode),
     )
+
+
+def describe_view(t: torch.Tensor, name: str) -> tuple[_core.Tensor, list[int]]:
+    """A descriptor of any strided view ``t`` (its shape and the address of its first
+    element) and its element strides, for the ops that take strides beside the descriptor."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    device_type, device_index = _device_of(t, name)
+    desc = _core.Tensor(device_type, device_index, int(te_dtype(t.dtype, name)), list(t.shape), t.data_ptr())
+    return desc, list(t.stride())
 
 
 def check_fp32_buffer(t: torch.Tensor, name: str, like: torch.Tensor, numel: int = 1) -> None:
