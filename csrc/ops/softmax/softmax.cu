@@ -15,9 +15,11 @@
 // the buffers are 16-byte aligned (the mask kV-byte aligned); kV = 1 otherwise.
 // The causal kinds load only the kept prefix of a row and store zeros past it.
 //
-// Registers (ptxas, sm_90a): at bf16 sk = 2048 (a warp per row, 8 vectors a
-// thread) the forward takes 73 (91 with a mask), the backward 106, no spills:
-// 16 to 24 warps an SM, each thread with 128 or 256 bytes of loads in flight.
+// Registers (ptxas, sm_90a): at bf16 sk = 2048 the causal forward (a warp per
+// row, 8 vectors a thread) takes 73, the whole-row forwards (two warps a row, 4
+// vectors a thread, exponentials kept: see kExpOnce) 61 (64 with a mask), the
+// backward 106, no spills: 16 to 32 warps an SM, each thread with 64 to 256 bytes
+// of loads in flight.
 //
 // In-place backward (grad_input == grad_output): every thread reads all of its
 // elements of dy before the row's reduction and writes dx only at those same
@@ -182,7 +184,15 @@ constexpr float kMaskedLogit2 = kMaskedLogit * kLog2e;
 // logits instead doubled the registers and halved the warps, and with them the
 // loads in flight that a memory-bound kernel lives on. launder() stops the
 // compiler from keeping converted copies across the passes all the same.
-template <class T, int kV, int kN, bool kExplicitMask>
+//
+// kExpOnce: the sum pass keeps its exponentials in fp32 registers and the store
+// pass scales them, instead of computing each exponential twice. Two MUFU.EX2 an
+// element made the multi-function unit, not memory, the limit of the whole-row
+// kinds (bf16 [4, 16, 2048, 2048] on an H200: 73% of copy bandwidth with
+// recomputation, 86% with kExpOnce at 4 vectors a thread; the masked kind 49% ->
+// 66%). The causal kinds skip the exponentials of their masked tail, and there the
+// extra registers cost more than the saved exponentials (72% -> 66%): they recompute.
+template <class T, int kV, int kN, bool kExplicitMask, bool kExpOnce>
 __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(SoftmaxFwdParams p) {
   __shared__ float scratch[2][kMaxWarps];
   // In-row indices are ints: these rows hold at most kMaxThreadsPerRow * kN * kV elements.
@@ -234,14 +244,23 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
     };
 
     float sum = 0.0f;
+    float kept_exp[kExpOnce ? kN : 1][kV];  // kExpOnce: the exponentials, for the store pass
 #pragma unroll
     for (int k = 0; k < kN; ++k) {
-      launder(xv[k]);
-      if constexpr (kExplicitMask) launder(mv[k]);
       const int left = kept - (first + k * stride);
-      if (left > 0) {  // no exponentials for vectors wholly past the kept prefix (causal)
+      if constexpr (kExpOnce) {  // whole rows: every loaded element is kept
 #pragma unroll
-        for (int i = 0; i < kV; ++i) sum += i < left ? exp_at(xv[k], mv[k], i) : 0.0f;
+        for (int i = 0; i < kV; ++i) {
+          kept_exp[k][i] = i < left ? exp_at(xv[k], mv[k], i) : 0.0f;
+          sum += kept_exp[k][i];
+        }
+      } else {
+        launder(xv[k]);
+        if constexpr (kExplicitMask) launder(mv[k]);
+        if (left > 0) {  // no exponentials for vectors wholly past the kept prefix (causal)
+#pragma unroll
+          for (int i = 0; i < kV; ++i) sum += i < left ? exp_at(xv[k], mv[k], i) : 0.0f;
+        }
       }
     }
     sum = row_reduce(sum, SumOp{}, scratch[1]);
@@ -255,11 +274,16 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
 #pragma unroll
       for (int k = 0; k < kN; ++k) {
         if (first + k * stride < sk) {
-          launder(xv[k]);
-          if constexpr (kExplicitMask) launder(mv[k]);
+          if constexpr (!kExpOnce) {
+            launder(xv[k]);
+            if constexpr (kExplicitMask) launder(mv[k]);
+          }
           const int left = zero_row ? 0 : kept - (first + k * stride);
           float out[kV] = {};
-          if (left > 0) {
+          if constexpr (kExpOnce) {
+#pragma unroll
+            for (int i = 0; i < kV; ++i) out[i] = zero_row ? 0.0f : kept_exp[k][i] * inv_sum;
+          } else if (left > 0) {
 #pragma unroll
             for (int i = 0; i < kV; ++i) out[i] = i < left ? exp_at(xv[k], mv[k], i) * inv_sum : 0.0f;
           }
@@ -507,22 +531,34 @@ void launch_long_rows(Kernel kernel, const Params& p, cudaStream_t stream, const
   check_launch(name);
 }
 
+// Vectors per thread for the kExpOnce row kernels: at most 4, so that the fp32
+// exponentials (4 x kV registers a vector) leave room for enough warps.
+constexpr int kExpOnceCounts[] = {2, 4};
+
 template <class T, int kV, bool kExplicitMask>
 void launch_fwd(const SoftmaxFwdParams& p, cudaStream_t stream) {
+  constexpr const char* kName = "softmax_fwd_rows_kernel";
+  const bool whole_rows = p.kind == SoftmaxKind::kPlain || p.kind == SoftmaxKind::kMasked;
+  if (kV > 1 && whole_rows) {
+    const RowPlan plan = plan_rows(p.sk / kV, kExpOnceCounts);
+    if (!plan.long_rows) {  // else the 8-vector kernels below still hold the row
+      if (plan.per_thread == 2) return launch_rows(softmax_fwd_rows_kernel<T, kV, 2, kExplicitMask, true>, plan, p, stream, kName);
+      return launch_rows(softmax_fwd_rows_kernel<T, kV, 4, kExplicitMask, true>, plan, p, stream, kName);
+    }
+  }
   const RowPlan plan = kV == 1 ? plan_rows(p.sk, kScalarCounts) : plan_rows(p.sk / kV, kVectorCounts);
   if (plan.long_rows) {
     launch_long_rows(softmax_fwd_long_rows_kernel<T, kV, kExplicitMask>, p, stream, "softmax_fwd_long_rows_kernel");
     return;
   }
-  constexpr const char* kName = "softmax_fwd_rows_kernel";
   switch (plan.per_thread) {
-    case 2: return launch_rows(softmax_fwd_rows_kernel<T, kV, 2, kExplicitMask>, plan, p, stream, kName);
+    case 2: return launch_rows(softmax_fwd_rows_kernel<T, kV, 2, kExplicitMask, false>, plan, p, stream, kName);
     case 4:
-      if constexpr (kV > 1) return launch_rows(softmax_fwd_rows_kernel<T, kV, 4, kExplicitMask>, plan, p, stream, kName);
+      if constexpr (kV > 1) return launch_rows(softmax_fwd_rows_kernel<T, kV, 4, kExplicitMask, false>, plan, p, stream, kName);
       break;
-    case 8: return launch_rows(softmax_fwd_rows_kernel<T, kV, 8, kExplicitMask>, plan, p, stream, kName);
+    case 8: return launch_rows(softmax_fwd_rows_kernel<T, kV, 8, kExplicitMask, false>, plan, p, stream, kName);
     case 16:
-      if constexpr (kV == 1) return launch_rows(softmax_fwd_rows_kernel<T, 1, 16, kExplicitMask>, plan, p, stream, kName);
+      if constexpr (kV == 1) return launch_rows(softmax_fwd_rows_kernel<T, 1, 16, kExplicitMask, false>, plan, p, stream, kName);
       break;
   }
   fail(TE_ERROR_INTERNAL, concat("softmax: no row kernel for ", plan.per_thread, " vectors a thread"));
