@@ -1,7 +1,8 @@
 """transformer_engine.pytorch: the PyTorch front end.
 
 Modules: ``Linear``, ``LayerNorm``, ``RMSNorm``, ``LayerNormLinear``, ``LayerNormMLP``,
-``DotProductAttention`` (with the KV cache ``InferenceParams``), rotary embeddings
+``DotProductAttention`` (with the KV cache ``InferenceParams``), ``MultiheadAttention``,
+``TransformerLayer``, rotary embeddings
 (``RotaryPositionEmbedding``, ``apply_rotary_pos_emb``). FP8 state: ``fp8_autocast``
 (and its newer name ``autocast``), ``fp8_model_init``. Activation recomputation:
 ``checkpoint``, with ``CudaRNGStatesTracker`` for the RNG states of model-parallel regions.
@@ -20,9 +21,11 @@ from transformer_engine.pytorch.module import LayerNorm, LayerNormLinear, LayerN
 from transformer_engine.pytorch.attention import (
     DotProductAttention,
     InferenceParams,
+    MultiheadAttention,
     RotaryPositionEmbedding,
     apply_rotary_pos_emb,
 )
+from transformer_engine.pytorch.transformer import TransformerLayer
 from transformer_engine.pytorch.distributed import CudaRNGStatesTracker, checkpoint
 from transformer_engine.pytorch.tensor import (
     Float8CurrentScalingQuantizer,
@@ -44,9 +47,11 @@ __all__ = [
     "LayerNormLinear",
     "LayerNormMLP",
     "Linear",
+    "MultiheadAttention",
     "QuantizedTensor",
     "RMSNorm",
     "RotaryPositionEmbedding",
+    "TransformerLayer",
     "apply_rotary_pos_emb",
     "autocast",
     "checkpoint",
