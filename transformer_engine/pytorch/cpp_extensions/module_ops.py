@@ -28,7 +28,7 @@ from transformer_engine.pytorch.cpp_extensions.tensor_desc import DType, current
 import transformer_engine.pytorch.tensor._internal.float8_tensor_base as _f8
 
 __all__ = ["CPU", "CUDA", "CoreDevice", "Fp8Output", "core_device", "cuda_workspace", "quantize",
-           "quantize_current_scaling", "gemm", "dbias_quantize", "delayed_scaling_update", "norm_forward",
+           "quantize_current_scaling", "gemm", "gemm_bias_grad", "dbias_quantize", "delayed_scaling_update", "norm_forward",
            "norm_backward", "activation_forward", "activation_backward", "dact_dbias_quantize"]
 
 CPU = int(_core.DeviceType.CPU)  # CoreDevice.type values
@@ -36,6 +36,7 @@ CUDA = int(_core.DeviceType.CUDA)
 _PER_TENSOR = int(_core.ScalingMode.PER_TENSOR)
 _EPILOGUE_NONE = int(_core.GemmEpilogue.NONE)
 _EPILOGUE_BIAS = int(_core.GemmEpilogue.BIAS)
+_EPILOGUE_BGRAD = int(_core.GemmEpilogue.BGRAD)
 _U8 = torch.uint8
 _F32 = torch.float32
 
@@ -164,6 +165,22 @@ def gemm(A, B, dev: CoreDevice, out_dtype: torch.dtype, transa: bool, transb: bo
                _EPILOGUE_BIAS if bias is not None else _EPILOGUE_NONE, 1.0, 0.0, bool(split_accumulator),
                dev.workspace, dev.workspace_size, dev.stream)
     return out
+
+
+def gemm_bias_grad(A: torch.Tensor, B: torch.Tensor, dev: CoreDevice, out_dtype: torch.dtype, transa: bool,
+                   transb: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(``op_B(B) @ op_A(A)``, the row sums of ``op_B(B)`` [m]), both ``out_dtype``, from one
+    GEMM with cuBLASLt's bias-gradient epilogue: the wgrad GEMM ("NT", B the output
+    gradient) and the bias gradient in one launch. Float operands only (CUDA)."""
+    a_desc, a_rows, a_cols = _gemm_operand(A, dev, "A")
+    b_desc, b_rows, b_cols = _gemm_operand(B, dev, "B")
+    n = a_rows if transa else a_cols
+    m = b_cols if transb else b_rows
+    out = torch.empty(m, n, dtype=out_dtype, device=B.device)
+    bias_grad = torch.empty(m, dtype=out_dtype, device=B.device)
+    _core.gemm(a_desc, b_desc, _float_desc(out, dev, "out"), None, None, _float_desc(bias_grad, dev, "bias_grad"),
+               transa, transb, _EPILOGUE_BGRAD, 1.0, 0.0, False, dev.workspace, dev.workspace_size, dev.stream)
+    return out, bias_grad
 
 
 def dbias_quantize(dy: torch.Tensor, fp8_dtype: DType, scale: int, amax: int, rowwise: bool, columnwise: bool,

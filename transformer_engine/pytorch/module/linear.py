@@ -166,15 +166,17 @@ def linear_gemm_backward(step: FP8Step, dy: Optional[torch.Tensor], saved_x, sav
     else:
         if step.calibrating:
             record_amax(dy, step, False, index)
-        if want_dbias:
-            dbias = dy.sum(0)
         if need_dgrad:
             dx = hp_dgrad(saved_w, dy, dev)
         if need_wgrad:
             if main_grad is not None:
                 hp_wgrad(saved_x, dy, dev, out=main_grad)
+            elif want_dbias and dev.type == CUDA:  # dbias from the wgrad GEMM's epilogue: one launch fewer
+                dw, dbias = module_ops.gemm_bias_grad(saved_x, dy, dev, dy.dtype, False, True)
             else:
                 dw = hp_wgrad(saved_x, dy, dev)
+        if want_dbias and dbias is None:
+            dbias = dy.sum(0)
     if main_grad is not None and need_wgrad:
         # Megatron-style optimizers read main_grad and check this flag.
         weight.grad_added_to_main_grad = True
