@@ -13,8 +13,9 @@ te.fp8_autocast (enabled=False for the PyTorch layers), as bench_modules.py does
 On a GPU the wall time per step is the host time (kernels run asynchronously; the queue is
 drained at the end of each round). On the CPU the core's reference kernels run inline and
 at these sizes take longer than the Python around them (the CPU GEMM is a plain loop), so
-the time spent inside ``transformer_engine._core`` calls is measured in a separate pass and
-subtracted: "host us" is the rest, the part that is the same code on both devices. The
+the time spent inside ``transformer_engine._core`` calls is measured in the same rounds and
+subtracted: "host us" is the rest, the part that is the same code on both devices (on a
+GPU the core calls themselves cost their launches, which this leaves out). The
 PyTorch layers' CPU kernels stay in their time (a few microseconds at this size), so on
 the CPU the ratios lean slightly in PyTorch's favour.
 """
@@ -71,33 +72,8 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def round_us(step, iters: int, device: str) -> float:
-    """Wall time per step of one round of ``iters`` steps."""
-    sync(device)
-    start = time.perf_counter()
-    for _ in range(iters):
-        step()
-    elapsed = time.perf_counter() - start
-    sync(device)
-    return elapsed / iters * 1e6
-
-
-def best_round_us(steps: dict, iters: int, rounds: int, device: str) -> dict:
-    """The fastest of alternating rounds: drift hits every case alike, and the least disturbed
-    round is the best estimate of the work itself (on a shared machine the median moved by
-    up to 50% between runs, the minimum by a few percent)."""
-    for step in steps.values():
-        for _ in range(20):
-            step()
-    times = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, step in steps.items():
-            times[name].append(round_us(step, iters, device))
-    return {name: min(ts) for name, ts in times.items()}
-
-
 class CoreTimer:
-    """Wraps every function of ``_core`` to add up the time spent inside them."""
+    """Wraps every function of ``_core`` to add up the time spent inside them (``total``, s)."""
 
     def __init__(self):
         self.total = 0.0
@@ -127,15 +103,39 @@ class CoreTimer:
             setattr(_core, name, fn)
 
 
-def core_us(step, iters: int, rounds: int) -> float:
-    """Time per step spent inside core calls (the CPU reference kernels), fastest round."""
-    best = float("inf")
-    with CoreTimer() as timer:
-        for _ in range(rounds):
-            timer.total = 0.0
-            for _ in range(iters):
-                step()
-            best = min(best, timer.total / iters * 1e6)
+def round_us(step, iters: int, device: str, timer: CoreTimer | None) -> tuple[float, float]:
+    """(wall time, time inside core calls) per step of one round of ``iters`` steps."""
+    sync(device)
+    if timer is not None:
+        timer.total = 0.0
+    start = time.perf_counter()
+    for _ in range(iters):
+        step()
+    elapsed = time.perf_counter() - start
+    sync(device)
+    inside = timer.total if timer is not None else 0.0
+    return elapsed / iters * 1e6, inside / iters * 1e6
+
+
+def best_rounds_us(steps: dict, iters: int, rounds: int, device: str, timed: set) -> dict:
+    """name -> (wall us, core us, host us = wall - core) of the round with the least host
+    time, over alternating rounds: drift hits every case alike, and the least disturbed
+    round is the best estimate of the work itself (on a shared 2-core machine the median
+    moved by up to 50% between runs, the minimum by a few percent). The steps in ``timed``
+    run under a CoreTimer (its wrapper adds ~0.3 us per core call to their host time)."""
+    for step in steps.values():
+        for _ in range(20):
+            step()
+    best = {name: (0.0, 0.0, float("inf")) for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            if name in timed:
+                with CoreTimer() as timer:
+                    wall, inside = round_us(step, iters, device, timer)
+            else:
+                wall, inside = round_us(step, iters, device, None)
+            if wall - inside < best[name][2]:
+                best[name] = (wall, inside, wall - inside)
     return best
 
 
@@ -174,18 +174,13 @@ def main() -> None:
         ref, ours = make_ref(), make_te()
         steps = {"ref": training_step(ref, x, grad, None)}
         steps.update({label: training_step(ours, x, grad, recipe) for label, recipe in RECIPES.items()})
-        times = best_round_us(steps, args.iters, args.rounds, device)
-        row = [module_name, f"{times['ref']:.1f}"]
+        times = best_rounds_us(steps, args.iters, args.rounds, device, set(RECIPES) if subtract else set())
+        ref_us = times["ref"][0]
+        row = [module_name, f"{ref_us:.1f}"]
         for label in RECIPES:
-            total = times[label]
-            host = total
-            if subtract:
-                inside = core_us(steps[label], args.iters, args.rounds)
-                host = total - inside
-                row += [f"{total:.1f}", f"{inside:.1f}", f"{host:.1f}"]
-            else:
-                row.append(f"{total:.1f}")
-            row.append(f"{host / times['ref']:.2f}x")
+            wall, inside, host = times[label]
+            row += [f"{wall:.1f}", f"{inside:.1f}", f"{host:.1f}"] if subtract else [f"{wall:.1f}"]
+            row.append(f"{host / ref_us:.2f}x")
         print("| " + " | ".join(row) + " |")
 
 
