@@ -320,8 +320,12 @@ class FP8GlobalStateManager:
     @classmethod
     def fp8_autocast_enter(cls, enabled: bool = False, calibrating: bool = False,
                            fp8_recipe: Optional[Recipe] = None, fp8_group=None, _graph: bool = False) -> None:
-        recipe = get_default_fp8_recipe() if fp8_recipe is None else fp8_recipe
+        recipe = fp8_recipe
         if enabled or calibrating:
+            # Without FP8 the default recipe is not built here (a dataclass with checks, at
+            # every entry): get_fp8_recipe() makes one if anything asks.
+            if recipe is None:
+                recipe = get_default_fp8_recipe()
             check_recipe_supported(recipe)
         if enabled:
             available, reason = check_fp8_support()
