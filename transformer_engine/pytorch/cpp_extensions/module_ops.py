@@ -8,10 +8,10 @@ validates every descriptor it gets (dtypes, shapes, devices, null pointers), so 
 here raises the core's error instead of touching wrong memory; float operands are
 checked for contiguity, since descriptors carry no strides.
 
-Why a second path: at the sizes where host time shows (input [16, 64]), the public
-helpers' checks, their descriptor building, the scale views and torch.Size-shaped
-allocations took more of an FP8 te.Linear step than the core calls themselves
-(benchmarks/bench_host_overhead.py measures it).
+Why a second path: host time shows at small sizes (input [16, 64]), and there the public
+helpers' checks, descriptor building, [1]-element scale views and torch.Size-shaped
+allocations were most of an FP8 te.Linear step's host work: about 4x PyTorch's
+nn.Linear on the CPU before this path, 1.7x with it (benchmarks/bench_host_overhead.py).
 """
 
 from __future__ import annotations
@@ -27,9 +27,11 @@ from transformer_engine.pytorch.cpp_extensions.tensor_desc import DType, current
 # package, so either package may be the one imported first.
 import transformer_engine.pytorch.tensor._internal.float8_tensor_base as _f8
 
-__all__ = ["CPU", "CUDA", "CoreDevice", "Fp8Output", "core_device", "cuda_workspace", "quantize",
-           "quantize_current_scaling", "gemm", "gemm_bias_grad", "dbias_quantize", "delayed_scaling_update", "norm_forward",
-           "norm_backward", "activation_forward", "activation_backward", "dact_dbias_quantize"]
+__all__ = [
+    "CPU", "CUDA", "CoreDevice", "Fp8Output", "core_device", "cuda_workspace",
+    "quantize", "quantize_current_scaling", "dbias_quantize", "gemm", "gemm_bias_grad", "delayed_scaling_update",
+    "norm_forward", "norm_backward", "activation_forward", "activation_backward", "dact_dbias_quantize",
+]
 
 CPU = int(_core.DeviceType.CPU)  # CoreDevice.type values
 CUDA = int(_core.DeviceType.CUDA)
@@ -109,6 +111,36 @@ def _fp8_desc(rows: int, cols: int, fp8_dtype: DType, data, data_t, scale: int, 
                         scale, scale_inv.data_ptr(), amax, _PER_TENSOR)
 
 
+def _scratch(size: int, device: torch.device) -> Tuple[Optional[torch.Tensor], int]:
+    """A workspace of ``size`` bytes (None and 0 when the op needs none, as on the CPU). The
+    caller keeps it referenced until the op is queued; the caching allocator then orders
+    any reuse of the memory after it on the stream."""
+    if not size:
+        return None, 0
+    ws = torch.empty(size, dtype=_U8, device=device)
+    return ws, ws.data_ptr()
+
+
+class Fp8Output(NamedTuple):
+    """Where an op that writes FP8 puts it: format, the addresses of the scale it casts with
+    and of the amax it raises (0: none), and whether the column-wise copy is made too."""
+
+    fp8_dtype: DType
+    scale: int
+    amax: int
+    columnwise: bool
+
+
+def _output(rows: int, cols: int, like: torch.Tensor, fp8: Optional[Fp8Output], dev: CoreDevice):
+    """(result, descriptor) of an op's [rows, cols] output: like's dtype, or FP8 storage."""
+    if fp8 is None:
+        out = torch.empty(rows, cols, dtype=like.dtype, device=like.device)
+        return out, _float_desc(out, dev, "out")
+    data, data_t, scale_inv = _fp8_buffers(rows, cols, like.device, True, fp8.columnwise)
+    desc = _fp8_desc(rows, cols, fp8.fp8_dtype, data, data_t, fp8.scale, scale_inv, fp8.amax, dev)
+    return _f8.Float8TensorBase.wrap(data, data_t, scale_inv, fp8.fp8_dtype), desc
+
+
 def quantize(x: torch.Tensor, fp8_dtype: DType, scale: int, amax: int, rowwise: bool, columnwise: bool,
              dev: CoreDevice) -> _f8.Float8TensorBase:
     """``x`` (2-D float) cast to FP8 with the fp32 scale at address ``scale``, raising the
@@ -133,6 +165,21 @@ def quantize_current_scaling(x: torch.Tensor, fp8_dtype: DType, epsilon: float, 
     _core.quantize_current_scaling(_float_desc(x, dev, "x"), out, float(epsilon), bool(force_pow_2_scales),
                                    dev.stream)
     return _f8.Float8TensorBase.wrap(data, data_t, scale_inv, fp8_dtype)
+
+
+def dbias_quantize(dy: torch.Tensor, fp8_dtype: DType, scale: int, amax: int, rowwise: bool, columnwise: bool,
+                   dev: CoreDevice) -> Tuple[torch.Tensor, _f8.Float8TensorBase]:
+    """(dbias, dy in FP8) of a 2-D gradient in one pass, as bgrad_quantize()."""
+    rows, cols = dy.shape
+    device = dy.device
+    data, data_t, scale_inv = _fp8_buffers(rows, cols, device, rowwise, columnwise)
+    dbias = torch.empty(cols, dtype=dy.dtype, device=device)
+    ws_size = _core.dbias_workspace_size(rows, cols, dev.type, dev.index)
+    ws, ws_ptr = _scratch(ws_size, device)
+    _core.dbias_cast_transpose(_float_desc(dy, dev, "grad"),
+                               _fp8_desc(rows, cols, fp8_dtype, data, data_t, scale, scale_inv, amax, dev),
+                               _float_desc(dbias, dev, "dbias"), ws_ptr, ws_size, dev.stream)
+    return dbias, _f8.Float8TensorBase.wrap(data, data_t, scale_inv, fp8_dtype)
 
 
 def _gemm_operand(t, dev: CoreDevice, name: str) -> Tuple[_core.Tensor, int, int]:
@@ -183,55 +230,10 @@ def gemm_bias_grad(A: torch.Tensor, B: torch.Tensor, dev: CoreDevice, out_dtype:
     return out, bias_grad
 
 
-def dbias_quantize(dy: torch.Tensor, fp8_dtype: DType, scale: int, amax: int, rowwise: bool, columnwise: bool,
-                   dev: CoreDevice) -> Tuple[torch.Tensor, _f8.Float8TensorBase]:
-    """(dbias, dy in FP8) of a 2-D gradient in one pass, as bgrad_quantize()."""
-    rows, cols = dy.shape
-    device = dy.device
-    data, data_t, scale_inv = _fp8_buffers(rows, cols, device, rowwise, columnwise)
-    dbias = torch.empty(cols, dtype=dy.dtype, device=device)
-    ws_size = _core.dbias_workspace_size(rows, cols, dev.type, dev.index)
-    ws, ws_ptr = _scratch(ws_size, device)
-    _core.dbias_cast_transpose(_float_desc(dy, dev, "grad"),
-                               _fp8_desc(rows, cols, fp8_dtype, data, data_t, scale, scale_inv, amax, dev),
-                               _float_desc(dbias, dev, "dbias"), ws_ptr, ws_size, dev.stream)
-    return dbias, _f8.Float8TensorBase.wrap(data, data_t, scale_inv, fp8_dtype)
-
-
 def delayed_scaling_update(groups, fp8_dtype: DType, margin: float, amax_compute_algo: int, dev: CoreDevice) -> None:
     """One te_delayed_scaling_update launch over ``groups`` (DelayedScalingState.core_group()
     tuples, all on ``dev``), as cpp_extensions.recipe.delayed_scaling_update."""
     _core.delayed_scaling_update(groups, amax_compute_algo, int(fp8_dtype), margin, dev.type, dev.index, dev.stream)
-
-
-def _scratch(size: int, device: torch.device) -> Tuple[Optional[torch.Tensor], int]:
-    """A workspace of ``size`` bytes (None and 0 when the op needs none, as on the CPU). The
-    caller keeps it referenced until the op is queued; the caching allocator then orders
-    any reuse of the memory after it on the stream."""
-    if not size:
-        return None, 0
-    ws = torch.empty(size, dtype=_U8, device=device)
-    return ws, ws.data_ptr()
-
-
-class Fp8Output(NamedTuple):
-    """Where an op that writes FP8 puts it: format, the addresses of the scale it casts with
-    and of the amax it raises (0: none), and whether the column-wise copy is made too."""
-
-    fp8_dtype: DType
-    scale: int
-    amax: int
-    columnwise: bool
-
-
-def _output(rows: int, cols: int, like: torch.Tensor, fp8: Optional[Fp8Output], dev: CoreDevice):
-    """(result, descriptor) of an op's [rows, cols] output: like's dtype, or FP8 storage."""
-    if fp8 is None:
-        out = torch.empty(rows, cols, dtype=like.dtype, device=like.device)
-        return out, _float_desc(out, dev, "out")
-    data, data_t, scale_inv = _fp8_buffers(rows, cols, like.device, True, fp8.columnwise)
-    desc = _fp8_desc(rows, cols, fp8.fp8_dtype, data, data_t, fp8.scale, scale_inv, fp8.amax, dev)
-    return _f8.Float8TensorBase.wrap(data, data_t, scale_inv, fp8.fp8_dtype), desc
 
 
 def norm_forward(layernorm: bool, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], eps: float,
@@ -266,10 +268,9 @@ def norm_backward(layernorm: bool, dz: torch.Tensor, x: torch.Tensor, mu: Option
     dbeta = torch.empty(hidden, dtype=gamma.dtype, device=device) if layernorm else None
     ws_size = _core.norm_workspace_size(rows, hidden, dev.type, dev.index)
     ws, ws_ptr = _scratch(ws_size, device)
-    dz_desc, x_desc, rsigma_desc = _float_desc(dz, dev, "dz"), _float_desc(x, dev, "x"), _float_desc(rsigma, dev,
-                                                                                                      "rsigma")
-    gamma_desc, dx_desc, dgamma_desc = (_float_desc(gamma, dev, "gamma"), _float_desc(dx, dev, "dx"),
-                                        _float_desc(dgamma, dev, "dgamma"))
+    dz_desc, x_desc = _float_desc(dz, dev, "dz"), _float_desc(x, dev, "x")
+    rsigma_desc, gamma_desc = _float_desc(rsigma, dev, "rsigma"), _float_desc(gamma, dev, "gamma")
+    dx_desc, dgamma_desc = _float_desc(dx, dev, "dx"), _float_desc(dgamma, dev, "dgamma")
     if layernorm:
         _core.layernorm_bwd(dz_desc, x_desc, _float_desc(mu, dev, "mu"), rsigma_desc, gamma_desc,
                             bool(zero_centered_gamma), dx_desc, dgamma_desc, _float_desc(dbeta, dev, "dbeta"), ws_ptr,
