@@ -130,6 +130,18 @@ NB_MODULE(_core, m) {
       },
       nb::arg("input"), nb::arg("output"), nb::arg("stream") = 0);
 
+  // amax, scale and cast of current scaling in one call (output.amax and .scale are written).
+  m.def(
+      "quantize_current_scaling",
+      [](const te_tensor& input, const te_tensor& output, float epsilon, bool force_pow_2_scales, uintptr_t stream) {
+        call_core([&] {
+          return te_quantize_current_scaling(&input, &output, epsilon, force_pow_2_scales ? 1 : 0,
+                                             as_ptr<void>(stream));
+        });
+      },
+      nb::arg("input"), nb::arg("output"), nb::arg("epsilon") = 0.0f, nb::arg("force_pow_2_scales") = false,
+      nb::arg("stream") = 0);
+
   m.def(
       "dequantize",
       [](const te_tensor& input, const te_tensor& output, uintptr_t stream) {

@@ -162,6 +162,22 @@ def test_fuse_wgrad_accumulation_adds_into_main_grad(device, fp8):
     torch.testing.assert_close(m.weight.main_grad, plain.weight.grad, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", [DelayedScaling(), Float8CurrentScaling()], ids=["delayed", "current"])
+def test_fp8_bias_only_training(device, recipe):
+    # Frozen weight and an input without grad: the backward computes only the bias
+    # gradient, the output gradient's column sums, with no GEMM and no FP8 cast to feed one.
+    m = te.Linear(32, 16, device=device)
+    m.weight.requires_grad_(False)
+    x = torch.randn(16, 32, device=device)
+    g = torch.randn(16, 16, device=device)
+    with te.fp8_autocast(fp8_recipe=recipe):
+        y = m(x)
+    y.backward(g)
+    assert m.weight.grad is None
+    torch.testing.assert_close(m.bias.grad, g.sum(0), rtol=1e-6, atol=1e-6)
+
+
 def test_fuse_wgrad_accumulation_without_main_grad_is_a_clear_error():
     m = te.Linear(16, 16, fuse_wgrad_accumulation=True, device="cpu")
     with pytest.raises(RuntimeError, match="main_grad"):

@@ -2,11 +2,15 @@
 is written only after a long sleep kernel; an op launched on any other stream would
 read the stale input (PyTorch's streams do not wait for the legacy default stream)."""
 
+import copy
+
 import pytest
 import torch
 from conftest import requires_cuda
 
+import transformer_engine.pytorch as te
 from fp8_reference import assert_same_bits
+from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling
 from transformer_engine.pytorch.cpp_extensions import DType, compute_amax, dequantize, quantize, transpose
 
 pytestmark = requires_cuda
@@ -53,3 +57,42 @@ def test_transpose_uses_current_stream():
 def test_compute_amax_uses_current_stream(dtype):
     src = torch.full((512, 512), -7.0, dtype=dtype, device="cuda")
     assert on_side_stream(lambda: src, compute_amax).item() == 7.0
+
+
+def _training_step(module, x, grad, recipe):
+    """(y, dx, grads of the parameters) of one forward + backward, on the CPU."""
+    x = x.detach().clone().requires_grad_()
+    with te.fp8_autocast(enabled=recipe is not None, fp8_recipe=recipe):
+        y = module(x)
+    y.backward(grad)
+    return [y.detach().cpu(), x.grad.cpu()] + [p.grad.cpu() for p in module.parameters()]
+
+
+@pytest.mark.parametrize("recipe", [None, DelayedScaling(amax_history_len=4), Float8CurrentScaling()],
+                         ids=["bf16", "delayed", "current"])
+@pytest.mark.parametrize("make", [lambda: te.Linear(64, 32, params_dtype=torch.bfloat16, device="cuda"),
+                                  lambda: te.LayerNormMLP(64, 128, params_dtype=torch.bfloat16, device="cuda")],
+                         ids=["Linear", "LayerNormMLP"])
+def test_module_step_uses_current_stream(make, recipe):
+    """A module's forward and backward read torch's current stream once each (not per core
+    call): on a side stream whose input is written late, every output and gradient equals
+    the same step run on the default stream by an identical module (no kernel here sums
+    with atomics, so equal inputs give equal bits)."""
+    torch.manual_seed(5)
+    module = make()
+    twin = copy.deepcopy(module)
+    src = torch.randn(32, 64, dtype=torch.bfloat16, device="cuda")
+    with torch.no_grad():
+        out_features = module(src).shape[-1]
+    grad = torch.randn(32, out_features, dtype=torch.bfloat16, device="cuda")
+    want = _training_step(twin, src, grad, recipe)
+    x = torch.zeros_like(src)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        x.copy_(src)
+        got = _training_step(module, x, grad, recipe)
+    s.synchronize()
+    for g, w in zip(got, want):
+        assert_same_bits(g, w)

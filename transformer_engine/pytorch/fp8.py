@@ -26,8 +26,8 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling, Format, Recipe
-from transformer_engine.pytorch.cpp_extensions import DType
-from transformer_engine.pytorch.cpp_extensions.recipe import delayed_scaling_update
+from transformer_engine import _core
+from transformer_engine.pytorch.cpp_extensions import DType, module_ops
 
 __all__ = [
     "FP8GlobalStateManager",
@@ -47,9 +47,15 @@ def check_fp8_support() -> Tuple[bool, str]:
     """Whether FP8 can run here, and why not. A CUDA GPU needs compute capability 8.9 or
     newer (Ada, Hopper) for FP8 GEMMs; without a GPU, OpenTE emulates FP8 on the CPU.
     Asked at every fp8_autocast entry, so answered once per device."""
-    if not torch.cuda.is_available():
+    if not _cuda_available():
         return True, ""
     return _fp8_support_of_device(torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_available() -> bool:
+    # torch.cuda.is_available() reads the environment and asks the driver on every call.
+    return torch.cuda.is_available()
 
 
 @functools.lru_cache(maxsize=None)
@@ -107,6 +113,16 @@ class DelayedScalingState:
         """The [1] view of tensor ``index``'s amax for this step (what its cast raises)."""
         return self.amax_history[0, index:index + 1]
 
+    # Addresses for the core calls of the modules' casts: a [1] view costs a microsecond,
+    # an address a data_ptr() (the buffers are contiguous float32).
+    def scale_address(self, index: int) -> int:
+        """The address of tensor ``index``'s scale."""
+        return self.scale.data_ptr() + 4 * index
+
+    def amax_address(self, index: int) -> int:
+        """The address of tensor ``index``'s amax for this step (row 0 of the history)."""
+        return self.amax_history.data_ptr() + 4 * index
+
     def matches(self, recipe: DelayedScaling) -> bool:
         """Whether this state can serve ``recipe`` as is (same history length and format)."""
         return (self.amax_history.shape[0] == recipe.amax_history_len
@@ -125,11 +141,19 @@ class DelayedScalingState:
         self.recipe = recipe
         self.fp8_dtype = get_fp8_te_dtype(recipe, self.forward)
 
+    def core_group(self) -> tuple:
+        """This state as a group of te_delayed_scaling_update: (history, scale, scale_inv
+        addresses, history_len, num_scales); the buffers are contiguous float32."""
+        history = self.amax_history
+        rows, cols = history.shape
+        return history.data_ptr(), self.scale.data_ptr(), self.scale_inv.data_ptr(), rows, cols
+
     def state_tensors(self) -> Dict[str, torch.Tensor]:
         return {"amax_history": self.amax_history, "scale": self.scale, "scale_inv": self.scale_inv}
 
     def load_state_tensors(self, tensors: Dict[str, torch.Tensor]) -> None:
-        self.amax_history = tensors["amax_history"].to(self.scale.device, torch.float32).clone()
+        self.amax_history = tensors["amax_history"].to(self.scale.device, torch.float32).clone(
+            memory_format=torch.contiguous_format)
         self.scale.copy_(tensors["scale"])
         self.scale_inv.copy_(tensors["scale_inv"])
 
@@ -174,6 +198,9 @@ def _update_with_callables(state: DelayedScalingState, recipe: DelayedScaling) -
     state.amax_history[0].zero_()
 
 
+_AMAX_COMPUTE_ALGOS = {"max": int(_core.AmaxComputeAlgo.MAX), "most_recent": int(_core.AmaxComputeAlgo.MOST_RECENT)}
+
+
 def update_delayed_scaling(states: List[DelayedScalingState], recipe: DelayedScaling, group=None) -> None:
     """One delayed-scaling step for ``states``: reduce (if the recipe says so), recompute
     the scales from the histories, roll the histories."""
@@ -185,14 +212,17 @@ def update_delayed_scaling(states: List[DelayedScalingState], recipe: DelayedSca
         for s in states:
             _update_with_callables(s, recipe)
         return
+    algo = _AMAX_COMPUTE_ALGOS.get(recipe.amax_compute_algo)
+    if algo is None:
+        raise ValueError(f"amax_compute_algo must be 'max' or 'most_recent', got {recipe.amax_compute_algo!r}")
     # One fused launch per (device, format).
-    batches: Dict[Tuple[torch.device, DType], List[DelayedScalingState]] = {}
+    batches: Dict[Tuple[int, DType], List[DelayedScalingState]] = {}
     for s in states:
-        batches.setdefault((s.scale.device, s.fp8_dtype), []).append(s)
-    for (_, fp8_dtype), batch in batches.items():
-        delayed_scaling_update([s.amax_history for s in batch], [s.scale for s in batch],
-                               [s.scale_inv for s in batch], fp8_dtype, margin=float(recipe.margin),
-                               amax_compute_algo=recipe.amax_compute_algo)
+        batches.setdefault((s.scale.get_device(), s.fp8_dtype), []).append(s)
+    for batch in batches.values():
+        first = batch[0]
+        module_ops.delayed_scaling_update([s.core_group() for s in batch], first.fp8_dtype, float(recipe.margin),
+                                          algo, module_ops.core_device(first.scale))
 
 
 class FP8GlobalStateManager:
@@ -290,8 +320,12 @@ class FP8GlobalStateManager:
     @classmethod
     def fp8_autocast_enter(cls, enabled: bool = False, calibrating: bool = False,
                            fp8_recipe: Optional[Recipe] = None, fp8_group=None, _graph: bool = False) -> None:
-        recipe = get_default_fp8_recipe() if fp8_recipe is None else fp8_recipe
+        recipe = fp8_recipe
         if enabled or calibrating:
+            # Without FP8 the default recipe is not built here (a dataclass with checks, at
+            # every entry): get_fp8_recipe() makes one if anything asks.
+            if recipe is None:
+                recipe = get_default_fp8_recipe()
             check_recipe_supported(recipe)
         if enabled:
             available, reason = check_fp8_support()

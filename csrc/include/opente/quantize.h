@@ -28,6 +28,19 @@ extern "C" {
  * stream: a cudaStream_t for CUDA tensors; ignored on the CPU. */
 te_status te_quantize(const te_tensor* input, const te_tensor* output, void* stream);
 
+/* Current scaling in one call, the cast a current-scaling recipe makes of every
+ * tensor: amax = max|input| (a fresh reduction, NaNs ignored), then
+ * scale = fp8_max / max(amax, epsilon) with the rules of te_compute_scale_from_amax
+ * (fp8_max of output's dtype; 1 when that max is 0 or not finite; optionally rounded
+ * down to a power of two), then the cast of te_quantize with that scale.
+ *
+ * output: as for te_quantize, with `amax` and `scale` both required; they are
+ *   written, not read (amax receives max|input|, scale the scale used), and
+ *   `scale_inv`, if set, receives 1/scale. epsilon: finite and >= 0.
+ * stream: a cudaStream_t for CUDA tensors; ignored on the CPU. */
+te_status te_quantize_current_scaling(const te_tensor* input, const te_tensor* output, float epsilon,
+                                      int force_pow_2_scales, void* stream);
+
 /* Dequantize `input` (float8_e4m3 or float8_e5m2 per-tensor, row-wise `data` and
  * `scale_inv` set) into `output` (float32, float16 or bfloat16, same shape):
  * output = fp8_to_float(q) * scale_inv, rounded to nearest even. A NaN code

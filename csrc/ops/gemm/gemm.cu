@@ -107,10 +107,25 @@ void set_desc(const CublasLtApi& api, cublasLtMatmulDesc_t desc, cublasLtMatmulD
   cublas_check(api.desc_set(desc, attr, &value, sizeof(value)), what);
 }
 
+// The problem in words, for error messages only: built when a call fails, not on
+// every call (a dozen string appends per GEMM showed in the host time of small layers).
+std::string describe_problem(const GemmParams& p) {
+  return concat(dtype_name(p.a.dtype), " x ", dtype_name(p.b.dtype), " -> ", dtype_name(p.d_dtype), ", m=", p.m,
+                " n=", p.n, " k=", p.k, ", transa=", int(p.a.trans), " transb=", int(p.b.trans), ", epilogue ",
+                int(p.epilogue), p.bias ? concat(", bias ", dtype_name(p.bias_dtype)) : std::string(),
+                p.aux ? concat(", aux ", dtype_name(p.aux_dtype)) : std::string(),
+                p.bias_grad ? concat(", bias_grad ", dtype_name(p.bias_grad_dtype)) : std::string());
+}
+
+// cublas_check naming the problem, which is described only if the call failed.
+void cublas_check_problem(cublasStatus_t status, const char* call, const GemmParams& p) {
+  if (status != CUBLAS_STATUS_SUCCESS) cublas_check(status, call, describe_problem(p).c_str());
+}
+
 // The heuristic's first choice for this key, queried once and then cached.
 cublasLtMatmulAlgo_t pick_algo(const CublasLtApi& api, cublasLtHandle_t handle, const AlgoKey& key,
                                cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
-                               cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d, const std::string& problem) {
+                               cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d, const GemmParams& p) {
   static std::mutex mutex;
   static std::unordered_map<AlgoKey, cublasLtMatmulAlgo_t, AlgoKeyHash> cache;
   {
@@ -133,9 +148,9 @@ cublasLtMatmulAlgo_t pick_algo(const CublasLtApi& api, cublasLtHandle_t handle, 
   }
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  cublas_check(api.heuristic(handle, desc, a, b, c, d, pref.value, 1, &result, &found),
-               "cublasLtMatmulAlgoGetHeuristic", problem.c_str());
-  if (found == 0) fail(TE_ERROR_NOT_IMPLEMENTED, concat("cuBLASLt has no algorithm for ", problem));
+  cublas_check_problem(api.heuristic(handle, desc, a, b, c, d, pref.value, 1, &result, &found),
+                       "cublasLtMatmulAlgoGetHeuristic", p);
+  if (found == 0) fail(TE_ERROR_NOT_IMPLEMENTED, concat("cuBLASLt has no algorithm for ", describe_problem(p)));
   std::lock_guard<std::mutex> lock(mutex);
   cache.emplace(key, result.algo);
   return result.algo;
@@ -162,12 +177,6 @@ void gemm_cuda(const GemmParams& p, int device, void* workspace, size_t workspac
   const cublasLtHandle_t handle = handle_for(device);
   const bool fp8 = is_fp8(p.a.dtype);
   const bool fp8_out = is_fp8(p.d_dtype);
-  const std::string problem =
-      concat(dtype_name(p.a.dtype), " x ", dtype_name(p.b.dtype), " -> ", dtype_name(p.d_dtype), ", m=", p.m,
-             " n=", p.n, " k=", p.k, ", transa=", int(p.a.trans), " transb=", int(p.b.trans), ", epilogue ",
-             int(p.epilogue), p.bias ? concat(", bias ", dtype_name(p.bias_dtype)) : std::string(),
-             p.aux ? concat(", aux ", dtype_name(p.aux_dtype)) : std::string(),
-             p.bias_grad ? concat(", bias_grad ", dtype_name(p.bias_grad_dtype)) : std::string());
 
   OwnedDesc desc;
   cublas_check(api.desc_create(&desc.value, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
@@ -235,11 +244,12 @@ void gemm_cuda(const GemmParams& p, int device, void* workspace, size_t workspac
   key.k = p.k;
   key.workspace_size = workspace_size;
   const cublasLtMatmulAlgo_t algo =
-      pick_algo(api, handle, key, desc.value, a_layout.value, b_layout.value, c_layout.value, d_layout.value, problem);
+      pick_algo(api, handle, key, desc.value, a_layout.value, b_layout.value, c_layout.value, d_layout.value, p);
 
-  cublas_check(api.matmul(handle, desc.value, &p.alpha, p.a.data, a_layout.value, p.b.data, b_layout.value, &p.beta,
-                          c_data, c_layout.value, p.d, d_layout.value, &algo, workspace, workspace_size, s),
-               "cublasLtMatmul", problem.c_str());
+  cublas_check_problem(api.matmul(handle, desc.value, &p.alpha, p.a.data, a_layout.value, p.b.data, b_layout.value,
+                                  &p.beta, c_data, c_layout.value, p.d, d_layout.value, &algo, workspace,
+                                  workspace_size, s),
+                       "cublasLtMatmul", p);
 }
 
 }  // namespace opente

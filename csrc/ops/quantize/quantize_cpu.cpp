@@ -52,4 +52,11 @@ void amax_cpu(const AmaxParams& p) {
   });
 }
 
+void quantize_current_scaling_cpu(const CurrentScalingQuantizeParams& p) {
+  *p.amax.amax = 0.0f;  // a fresh reduction
+  amax_cpu(p.amax);
+  current_scaling_cpu(p.scaling);
+  quantize_cpu(p.cast);
+}
+
 }  // namespace opente

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "opente/tensor.h"
+#include "ops/recipe/recipe_params.h"
 
 namespace opente {
 
@@ -38,14 +39,24 @@ struct AmaxParams {
   te_dtype dtype;
 };
 
+// te_quantize_current_scaling: amax (a fresh reduction into amax.amax), then the
+// scale from it, then the cast with that scale, in this order on one stream.
+struct CurrentScalingQuantizeParams {
+  AmaxParams amax;
+  CurrentScalingParams scaling;  // reads amax.amax, writes the scale the cast reads
+  QuantizeParams cast;
+};
+
 void quantize_cpu(const QuantizeParams& p);
 void dequantize_cpu(const DequantizeParams& p);
 void amax_cpu(const AmaxParams& p);
+void quantize_current_scaling_cpu(const CurrentScalingQuantizeParams& p);
 
 #if OPENTE_WITH_CUDA
 void quantize_cuda(const QuantizeParams& p, int device, void* stream);
 void dequantize_cuda(const DequantizeParams& p, int device, void* stream);
 void amax_cuda(const AmaxParams& p, int device, void* stream);
+void quantize_current_scaling_cuda(const CurrentScalingQuantizeParams& p, int device, void* stream);
 #endif
 
 }  // namespace opente

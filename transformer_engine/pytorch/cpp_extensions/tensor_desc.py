@@ -42,11 +42,17 @@ def fp8_dtype_of(fp8_dtype, name: str = "fp8_dtype") -> DType:
     return DType(fp8_dtype)
 
 
+_CPU = int(_core.DeviceType.CPU)
+_CUDA = int(_core.DeviceType.CUDA)
+
+
 def _device_of(t: torch.Tensor, name: str) -> tuple[int, int]:
-    if t.device.type == "cpu":
-        return int(_core.DeviceType.CPU), 0
-    if t.device.type == "cuda":
-        return int(_core.DeviceType.CUDA), t.device.index
+    # is_cuda / is_cpu / get_device() rather than t.device: each t.device builds a
+    # torch.device object, and this runs for every operand of every core call.
+    if t.is_cuda:
+        return _CUDA, t.get_device()
+    if t.is_cpu:
+        return _CPU, 0
     raise ValueError(f"{name} must be a CPU or CUDA tensor, got device {t.device}")
 
 
@@ -100,8 +106,22 @@ def check_fp32_buffer(t: torch.Tensor, name: str, like: torch.Tensor, numel: int
         raise ValueError(f"{name} must be contiguous")
 
 
+def _current_stream_via_object(index: int) -> int:
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+# torch's raw accessor answers in a fraction of a microsecond; torch.cuda.current_stream()
+# builds a Stream object (several microseconds, and a module step asks once per core call).
+_raw_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _current_stream_via_object
+
+
+def current_stream(device_index: int) -> int:
+    """The cudaStream_t (as an integer) of torch's current stream on CUDA device ``device_index``."""
+    return _raw_current_stream(device_index)
+
+
 def stream_of(t: torch.Tensor) -> int:
     """The cudaStream_t (as an integer) that work on ``t`` runs on; 0 on the CPU."""
-    if t.device.type == "cuda":
-        return torch.cuda.current_stream(t.device).cuda_stream
+    if t.is_cuda:
+        return _raw_current_stream(t.get_device())
     return 0

@@ -7,7 +7,8 @@ from typing import Optional
 
 import torch
 
-from transformer_engine.pytorch.cpp_extensions import layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
+from transformer_engine.pytorch.cpp_extensions import module_ops
+from transformer_engine.pytorch.cpp_extensions.module_ops import CoreDevice, Fp8Output
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 
@@ -28,18 +29,13 @@ def make_norm_parameters(module: torch.nn.Module, hidden_size: int, normalizatio
 
 
 def norm_forward(normalization: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                 eps: float, zero_centered_gamma: bool, **out_kwargs):
-    """(out, mu, rsigma); mu is None for RMSNorm. ``out_kwargs``: out_dtype, or fp8_dtype /
-    scale / amax / columnwise for the fused norm + FP8 cast."""
-    if normalization == "LayerNorm":
-        return layernorm_fwd(x, weight, bias, eps, zero_centered_gamma, **out_kwargs)
-    return rmsnorm_fwd(x, weight, eps, zero_centered_gamma, **out_kwargs)
+                 eps: float, zero_centered_gamma: bool, dev: CoreDevice, fp8: Optional[Fp8Output] = None):
+    """(out, mu, rsigma) of the 2-D ``x``; mu is None for RMSNorm. out in x's dtype, or FP8
+    as ``fp8`` says (the fused norm + cast)."""
+    return module_ops.norm_forward(normalization == "LayerNorm", x, weight, bias, eps, zero_centered_gamma, dev, fp8)
 
 
 def norm_backward(normalization: str, dz: torch.Tensor, x: torch.Tensor, mu, rsigma, weight: torch.Tensor,
-                  zero_centered_gamma: bool):
-    """(dx, dweight, dbias); dbias is None for RMSNorm."""
-    if normalization == "LayerNorm":
-        return layernorm_bwd(dz, x, mu, rsigma, weight, zero_centered_gamma)
-    dx, dweight = rmsnorm_bwd(dz, x, rsigma, weight, zero_centered_gamma)
-    return dx, dweight, None
+                  zero_centered_gamma: bool, dev: CoreDevice):
+    """(dx, dweight, dbias) of the 2-D ``x``; dbias is None for RMSNorm."""
+    return module_ops.norm_backward(normalization == "LayerNorm", dz, x, mu, rsigma, weight, zero_centered_gamma, dev)

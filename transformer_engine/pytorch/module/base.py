@@ -10,8 +10,8 @@ from typing import Dict, NamedTuple, Optional
 import torch
 
 from transformer_engine.common.recipe import DelayedScaling, Recipe
-from transformer_engine.pytorch.cpp_extensions import compute_amax, compute_scale_from_amax
-from transformer_engine.pytorch.cpp_extensions.gemm import get_cublas_workspace_size_bytes
+from transformer_engine.pytorch.cpp_extensions import compute_amax, module_ops
+from transformer_engine.pytorch.cpp_extensions.module_ops import CoreDevice
 from transformer_engine.pytorch.fp8 import (
     DelayedScalingState,
     FP8GlobalStateManager,
@@ -23,17 +23,12 @@ from transformer_engine.pytorch.tensor import Float8CurrentScalingQuantizer, Flo
 __all__ = ["TransformerEngineBaseModule", "FP8Step", "get_workspace", "default_device", "activation_dtype_of",
            "check_module_input"]
 
-_WORKSPACES: Dict[torch.device, torch.Tensor] = {}
-
 
 def get_workspace(device: torch.device) -> Optional[torch.Tensor]:
     """cuBLASLt's scratch for GEMMs on ``device``, allocated once per device (None on the CPU)."""
     if device.type != "cuda":
         return None
-    device = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
-    if device not in _WORKSPACES:
-        _WORKSPACES[device] = torch.empty(get_cublas_workspace_size_bytes(), dtype=torch.uint8, device=device)
-    return _WORKSPACES[device]
+    return module_ops.cuda_workspace(device.index if device.index is not None else torch.cuda.current_device())[0]
 
 
 def default_device() -> torch.device:
@@ -43,7 +38,7 @@ def default_device() -> torch.device:
 
 def activation_dtype_of(inp: torch.Tensor) -> torch.dtype:
     """The dtype a module computes in: an enclosing torch.autocast's, else the input's."""
-    device_type = inp.device.type
+    device_type = "cuda" if inp.is_cuda else inp.device.type  # is_cuda: no torch.device object built
     if torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     return inp.dtype
@@ -71,6 +66,10 @@ class FP8Step(NamedTuple):
     fwd_state: Optional[DelayedScalingState]  # delayed scaling only
     bwd_state: Optional[DelayedScalingState]
     first_module: bool  # this module's backward updates the backward scales
+    delayed: bool = False  # the recipe is DelayedScaling (asked once here, not at every cast)
+
+
+_NO_FP8_STEP = FP8Step(False, False, None, None, None, False)
 
 
 class TransformerEngineBaseModule(torch.nn.Module):
@@ -119,30 +118,34 @@ class TransformerEngineBaseModule(torch.nn.Module):
         """Reads the autocast state and readies the delayed-scaling metadata."""
         manager = FP8GlobalStateManager
         fp8, calibrating = manager.is_fp8_enabled(), manager.is_fp8_calibration()
-        self.fp8, self.fp8_calibration = fp8, calibrating
+        # nn.Module.__setattr__ takes microseconds (it looks for parameters and submodules
+        # of the name): the attributes below are assigned only when they change.
+        if self.fp8 != fp8 or self.fp8_calibration != calibrating:
+            self.fp8, self.fp8_calibration = fp8, calibrating
         if not (fp8 or calibrating):
-            return FP8Step(False, False, None, None, None, False)
+            return _NO_FP8_STEP
         recipe = manager.get_fp8_recipe()
         fwd_state = bwd_state = None
-        if isinstance(recipe, DelayedScaling):
+        delayed = isinstance(recipe, DelayedScaling)
+        if delayed:
             fwd_state = self._state(True, recipe, device)
             bwd_state = self._state(False, recipe, device)
             manager.add_forward_state(fwd_state)
         first = manager.is_first_fp8_module() if fp8 else False
-        return FP8Step(fp8, calibrating and not fp8, recipe, fwd_state, bwd_state, first)
+        return FP8Step(fp8, calibrating and not fp8, recipe, fwd_state, bwd_state, first, delayed)
 
     def _state(self, forward: bool, recipe: DelayedScaling, device: torch.device) -> DelayedScalingState:
         state = self._fwd_state if forward else self._bwd_state
-        n = self.num_fp8_fwd if forward else self.num_fp8_bwd
-        if state is None or state.scale.device != device:
-            state = DelayedScalingState(n, recipe, forward, device)
-            if self._pending_extra_state is not None:
-                saved = self._pending_extra_state.get("fwd" if forward else "bwd")
-                if saved is not None:
-                    state.load_state_tensors(saved)
-        elif not state.matches(recipe):
-            state.adapt_to(recipe)
-        state.recipe = recipe
+        if state is not None and state.scale.device == device:
+            if not state.matches(recipe):
+                state.adapt_to(recipe)
+            state.recipe = recipe
+            return state
+        state = DelayedScalingState(self.num_fp8_fwd if forward else self.num_fp8_bwd, recipe, forward, device)
+        if self._pending_extra_state is not None:
+            saved = self._pending_extra_state.get("fwd" if forward else "bwd")
+            if saved is not None:
+                state.load_state_tensors(saved)
         if forward:
             self._fwd_state = state
         else:
@@ -150,26 +153,29 @@ class TransformerEngineBaseModule(torch.nn.Module):
         return state
 
     def fp8_weight(self, name: str, weight: torch.Tensor, dtype: torch.dtype, step: FP8Step, index: int,
-                   is_first_microbatch: Optional[bool], columnwise: bool) -> Float8TensorBase:
+                   is_first_microbatch: Optional[bool], columnwise: bool, dev: CoreDevice) -> Float8TensorBase:
         """The FP8 copy of weight ``name`` (forward tensor ``index``) for this step: cast now
         when is_first_microbatch is None or True, or the copy cast on the first microbatch
-        when it is False (the weights have not changed since, so the cast is skipped)."""
+        when it is False (the weights have not changed since, so the cast is skipped).
+        Called inside an autograd.Function's forward (no graph is recorded there)."""
         if isinstance(weight, Float8TensorBase):  # an FP8 parameter (fp8_model_init): already cast
             if columnwise:
                 weight.update_usage(columnwise_usage=True)
             return weight
-        cached = self._fp8_weight_cache.get(name)
-        if is_first_microbatch is False and cached is not None:
-            return cached
-        w = weight.detach()
-        w = w.to(dtype) if w.dtype != dtype else w
+        cache = self._fp8_weight_cache
+        if is_first_microbatch is False:
+            cached = cache.get(name)
+            if cached is not None:
+                return cached
+        w = weight.to(dtype) if weight.dtype != dtype else weight
         check_fp8_dims(w, f"the weight {name}")
-        w_fp8 = cast_to_fp8(w, step, index, is_weight=True, rowwise=True,
+        w_fp8 = cast_to_fp8(w, step, index, dev, is_weight=True, rowwise=True,
                             columnwise=columnwise or is_first_microbatch is not None)
         if is_first_microbatch is None:
-            self._fp8_weight_cache.pop(name, None)
+            if cache:
+                cache.pop(name, None)
         else:
-            self._fp8_weight_cache[name] = w_fp8
+            cache[name] = w_fp8
         return w_fp8
 
     def make_fp8_parameters(self, names) -> None:
@@ -214,30 +220,28 @@ class TransformerEngineBaseModule(torch.nn.Module):
         self._pending_extra_state = state
 
 
-def cast_to_fp8(x: torch.Tensor, step: FP8Step, index: int, *, forward: bool = True, is_weight: bool = False,
-                rowwise: bool = True, columnwise: bool = False) -> Float8TensorBase:
-    """``x`` in FP8 by the step's recipe, as tensor ``index`` of its direction's metadata.
-    Delayed scaling uses the state's scale and raises its current amax in the same pass;
-    current scaling computes amax and scale first (both on the device)."""
-    recipe = step.recipe
-    fp8_dtype = get_fp8_te_dtype(recipe, forward)
-    if isinstance(recipe, DelayedScaling):
+def cast_to_fp8(x: torch.Tensor, step: FP8Step, index: int, dev: CoreDevice, *, forward: bool = True,
+                is_weight: bool = False, rowwise: bool = True, columnwise: bool = False) -> Float8TensorBase:
+    """``x`` (2-D, contiguous) in FP8 by the step's recipe, as tensor ``index`` of its
+    direction's metadata. Delayed scaling uses the state's scale and raises its current
+    amax in the same pass; current scaling computes amax and scale first (both on the
+    device, queued by the same core call)."""
+    if step.delayed:
         state = step.fwd_state if forward else step.bwd_state
-        return Float8TensorBase.from_tensor(x, fp8_dtype, state.scale[index:index + 1], state.current_amax(index),
-                                            rowwise=rowwise, columnwise=columnwise)
+        return module_ops.quantize(x, state.fp8_dtype, state.scale_address(index), state.amax_address(index),
+                                   rowwise, columnwise, dev)
+    recipe = step.recipe
     qparams = (recipe.fp8_quant_bwd_grad if not forward
                else recipe.fp8_quant_fwd_weight if is_weight else recipe.fp8_quant_fwd_inp)
-    amax = compute_amax(x)
-    scale, _ = compute_scale_from_amax(amax, fp8_dtype, epsilon=qparams.amax_epsilon,
-                                       force_pow_2_scales=qparams.power_2_scale)
-    return Float8TensorBase.from_tensor(x, fp8_dtype, scale, rowwise=rowwise, columnwise=columnwise)
+    return module_ops.quantize_current_scaling(x, get_fp8_te_dtype(recipe, forward), qparams.amax_epsilon,
+                                               qparams.power_2_scale, rowwise, columnwise, dev)
 
 
 def check_fp8_dims(x: torch.Tensor, name: str) -> None:
     """Transformer Engine's rule for FP8 GEMM operands (Hopper's FP8 GEMM needs 16-byte
     aligned leading dimensions): rows divisible by 8, columns by 16."""
     rows, cols = x.shape
-    if rows % 8 != 0 or cols % 16 != 0:
+    if rows % 8 or cols % 16:
         raise ValueError(f"FP8 execution needs {name} as a 2-D matrix with rows divisible by 8 and columns "
                          f"divisible by 16, got [{rows}, {cols}] (pad the input or run this layer outside "
                          "fp8_autocast)")

@@ -8,7 +8,9 @@ from typing import Optional, Union
 import torch
 
 from transformer_engine.pytorch.module._norm import make_norm_parameters, norm_backward, norm_forward
+from transformer_engine.pytorch.cpp_extensions.module_ops import core_device
 from transformer_engine.pytorch.module.base import activation_dtype_of, check_module_input, default_device
+from transformer_engine.pytorch.module.linear import to_2d, to_shape
 
 __all__ = ["LayerNorm", "RMSNorm"]
 
@@ -17,21 +19,20 @@ class _NormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, inp, weight, bias, normalization: str, eps: float, zero_centered_gamma: bool,
                 dtype: torch.dtype):
-        x = inp.reshape(-1, inp.shape[-1])
-        x = (x.to(dtype) if x.dtype != dtype else x).contiguous()
-        out, mu, rsigma = norm_forward(normalization, x, weight, bias, eps, zero_centered_gamma)
+        x = to_2d(inp, inp.shape[-1], dtype)
+        out, mu, rsigma = norm_forward(normalization, x, weight, bias, eps, zero_centered_gamma, core_device(x))
         ctx.save_for_backward(x, mu, rsigma, weight)
         ctx.normalization, ctx.zero_centered_gamma = normalization, zero_centered_gamma
         ctx.inp_shape, ctx.inp_dtype = inp.shape, inp.dtype
-        return out.view(inp.shape)
+        return to_shape(out, inp.shape)
 
     @staticmethod
     def backward(ctx, grad_out):
         x, mu, rsigma, weight = ctx.saved_tensors
-        dz = grad_out.reshape(x.shape)
-        dz = (dz.to(x.dtype) if dz.dtype != x.dtype else dz).contiguous()
-        dx, dweight, dbias = norm_backward(ctx.normalization, dz, x, mu, rsigma, weight, ctx.zero_centered_gamma)
-        dx = dx.view(ctx.inp_shape)
+        dz = to_2d(grad_out, x.shape[1], x.dtype)
+        dx, dweight, dbias = norm_backward(ctx.normalization, dz, x, mu, rsigma, weight, ctx.zero_centered_gamma,
+                                           core_device(dz))
+        dx = to_shape(dx, ctx.inp_shape)
         dx = dx.to(ctx.inp_dtype) if dx.dtype != ctx.inp_dtype else dx
         return dx, dweight, dbias, None, None, None, None
 

@@ -8,8 +8,7 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 import torch
 
-from transformer_engine.common.recipe import DelayedScaling
-from transformer_engine.pytorch.fp8 import get_fp8_te_dtype
+from transformer_engine.pytorch.cpp_extensions.module_ops import CoreDevice, Fp8Output, core_device
 from transformer_engine.pytorch.module._norm import check_normalization, make_norm_parameters, norm_backward, norm_forward
 from transformer_engine.pytorch.module.base import FP8Step, activation_dtype_of, check_fp8_dims
 from transformer_engine.pytorch.module.linear import (
@@ -18,25 +17,25 @@ from transformer_engine.pytorch.module.linear import (
     linear_gemm_backward,
     linear_gemm_forward,
     to_2d,
+    to_shape,
 )
 
 __all__ = ["LayerNormLinear"]
 
 
 def norm_then_maybe_fp8(step: FP8Step, normalization: str, x: torch.Tensor, ln_weight, ln_bias, eps: float,
-                        zero_centered_gamma: bool, need_hp_out: bool, need_wgrad: bool):
+                        zero_centered_gamma: bool, need_hp_out: bool, need_wgrad: bool, dev: CoreDevice):
     """The norm of ``x`` for a following GEMM: (high-precision output or None, FP8 output or
     None, mu, rsigma). Under delayed scaling the norm kernel casts to FP8 itself (forward
     tensor 0); a high-precision copy is made only when asked for or when the recipe needs
     the amax before the cast (current scaling casts in the GEMM step)."""
-    if step.fp8 and isinstance(step.recipe, DelayedScaling) and not need_hp_out:
+    if step.fp8 and step.delayed and not need_hp_out:
         check_fp8_dims(x, "the input")
         state = step.fwd_state
-        ln_fp8, mu, rsigma = norm_forward(normalization, x, ln_weight, ln_bias, eps, zero_centered_gamma,
-                                          fp8_dtype=get_fp8_te_dtype(step.recipe, True), scale=state.scale[0:1],
-                                          amax=state.current_amax(0), columnwise=need_wgrad)
+        fp8 = Fp8Output(state.fp8_dtype, state.scale_address(0), state.amax_address(0), need_wgrad)
+        ln_fp8, mu, rsigma = norm_forward(normalization, x, ln_weight, ln_bias, eps, zero_centered_gamma, dev, fp8)
         return None, ln_fp8, mu, rsigma
-    ln_out, mu, rsigma = norm_forward(normalization, x, ln_weight, ln_bias, eps, zero_centered_gamma)
+    ln_out, mu, rsigma = norm_forward(normalization, x, ln_weight, ln_bias, eps, zero_centered_gamma, dev)
     return ln_out, None, mu, rsigma
 
 
@@ -44,39 +43,41 @@ class _LayerNormLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, weight, ln_weight, ln_bias, inp, bias, module: "LayerNormLinear", step: FP8Step,
                 dtype: torch.dtype, is_first_microbatch: Optional[bool]):
+        dev = core_device(inp)
         x = to_2d(inp, module.in_features, dtype)
         b = bias.to(dtype) if bias is not None and bias.dtype != dtype else bias
         need_wgrad, need_dgrad = weight.requires_grad, True  # the norm's backward needs the dgrad
         ln_out, ln_fp8, mu, rsigma = norm_then_maybe_fp8(
             step, module.normalization, x, ln_weight, ln_bias, module.eps, module.zero_centered_gamma,
-            module.return_layernorm_output, need_wgrad)
+            module.return_layernorm_output, need_wgrad, dev)
         out, saved_x, saved_w = linear_gemm_forward(module, step, ln_out, weight, b, dtype, is_first_microbatch,
-                                                    need_wgrad, need_dgrad, x_fp8=ln_fp8)
+                                                    need_wgrad, need_dgrad, dev, x_fp8=ln_fp8)
         ctx.saved = (saved_x, saved_w, x, mu, rsigma)
         ctx.weight, ctx.ln_weight, ctx.step, ctx.dtype, ctx.module = weight, ln_weight, step, dtype, module
         ctx.inp_shape, ctx.inp_dtype = inp.shape, inp.dtype
         ctx.bias_dtype = bias.dtype if bias is not None else None
-        out = out.view(*inp.shape[:-1], weight.shape[0])
+        out = to_shape(out, (*inp.shape[:-1], weight.shape[0]))
         if module.return_layernorm_output:
-            return out, ln_out.view(inp.shape)
+            return out, to_shape(ln_out, inp.shape)
         return out
 
     @staticmethod
     def backward(ctx, grad_out, grad_ln_out=None):
         (saved_x, saved_w, x, mu, rsigma), ctx.saved = ctx.saved, None
         module, weight = ctx.module, ctx.weight
+        dev = core_device(grad_out)
         dy = to_2d(grad_out, weight.shape[0], ctx.dtype)
         want_dbias = ctx.bias_dtype is not None and ctx.needs_input_grad[4]
         d_ln_out, dw, dbias = linear_gemm_backward(ctx.step, dy, saved_x, saved_w, weight, ctx.dtype,
                                                    weight.requires_grad, True, module.fuse_wgrad_accumulation,
-                                                   want_dbias=want_dbias)
+                                                   dev, want_dbias=want_dbias)
         dbias = dbias.to(ctx.bias_dtype) if dbias is not None else None
         if grad_ln_out is not None:
             d_ln_out = d_ln_out + to_2d(grad_ln_out, module.in_features, ctx.dtype)
         dx, d_ln_weight, d_ln_bias = norm_backward(module.normalization, d_ln_out.contiguous(), x, mu, rsigma,
-                                                   ctx.ln_weight, module.zero_centered_gamma)
+                                                   ctx.ln_weight, module.zero_centered_gamma, dev)
         finish_backward(ctx.step)
-        dx = dx.view(ctx.inp_shape)
+        dx = to_shape(dx, ctx.inp_shape)
         dx = dx.to(ctx.inp_dtype) if dx.dtype != ctx.inp_dtype else dx
         return dw, d_ln_weight, d_ln_bias, dx, dbias, None, None, None, None
 

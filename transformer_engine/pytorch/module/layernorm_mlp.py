@@ -14,10 +14,9 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from transformer_engine.common.recipe import DelayedScaling
-from transformer_engine.pytorch import cpp_extensions as ext
-from transformer_engine.pytorch.cpp_extensions.bias_grad import dact_dbias_quantize
-from transformer_engine.pytorch.fp8 import get_fp8_te_dtype
+from transformer_engine import _core
+from transformer_engine.pytorch.cpp_extensions import module_ops
+from transformer_engine.pytorch.cpp_extensions.module_ops import CoreDevice, Fp8Output, core_device
 from transformer_engine.pytorch.module._norm import check_normalization, make_norm_parameters, norm_backward
 from transformer_engine.pytorch.module.base import (
     FP8Step,
@@ -34,53 +33,55 @@ from transformer_engine.pytorch.module.linear import (
     linear_gemm_backward,
     linear_gemm_forward,
     to_2d,
+    to_shape,
 )
 
 __all__ = ["LayerNormMLP"]
 
-# name: (forward, backward, gated)
+_A = _core.Activation
+# name: (the core's activation kind, gated)
 ACTIVATIONS = {
-    "gelu": (ext.gelu, ext.dgelu, False),
-    "qgelu": (ext.qgelu, ext.dqgelu, False),
-    "relu": (ext.relu, ext.drelu, False),
-    "srelu": (ext.srelu, ext.dsrelu, False),
-    "silu": (ext.silu, ext.dsilu, False),
-    "geglu": (ext.geglu, ext.dgeglu, True),
-    "qgeglu": (ext.qgeglu, ext.dqgeglu, True),
-    "reglu": (ext.reglu, ext.dreglu, True),
-    "sreglu": (ext.sreglu, ext.dsreglu, True),
-    "swiglu": (ext.swiglu, ext.dswiglu, True),
+    "gelu": (int(_A.GELU), False),
+    "qgelu": (int(_A.QGELU), False),
+    "relu": (int(_A.RELU), False),
+    "srelu": (int(_A.SRELU), False),
+    "silu": (int(_A.SILU), False),
+    "geglu": (int(_A.GEGLU), True),
+    "qgeglu": (int(_A.QGEGLU), True),
+    "reglu": (int(_A.REGLU), True),
+    "sreglu": (int(_A.SREGLU), True),
+    "swiglu": (int(_A.SWIGLU), True),
 }
 
 
-def activation_forward(step: FP8Step, activation: str, fc1_out: torch.Tensor, need_wgrad: bool):
+def activation_forward(step: FP8Step, activation: str, fc1_out: torch.Tensor, need_wgrad: bool, dev: CoreDevice):
     """(high-precision output or None, FP8 output or None) of the activation as fc2's input
     (forward tensor 2). Delayed scaling: the kernel writes FP8 with the state's scale and
     raises its amax; current scaling needs the amax first, so it casts afterwards."""
-    act_fwd = ACTIVATIONS[activation][0]
-    if step.fp8 and isinstance(step.recipe, DelayedScaling):
+    kind, gated = ACTIVATIONS[activation]
+    if step.fp8 and step.delayed:
         state = step.fwd_state
-        act_fp8 = act_fwd(fc1_out, fp8_dtype=get_fp8_te_dtype(step.recipe, True), scale=state.scale[2:3],
-                          amax=state.current_amax(2), columnwise=need_wgrad)
-        return None, act_fp8
-    act_out = act_fwd(fc1_out)
+        fp8 = Fp8Output(state.fp8_dtype, state.scale_address(2), state.amax_address(2), need_wgrad)
+        return None, module_ops.activation_forward(kind, gated, fc1_out, dev, fp8)
+    act_out = module_ops.activation_forward(kind, gated, fc1_out, dev)
     if step.fp8:
-        return None, cast_to_fp8(act_out, step, 2, rowwise=True, columnwise=need_wgrad)
+        return None, cast_to_fp8(act_out, step, 2, dev, rowwise=True, columnwise=need_wgrad)
     return act_out, None
 
 
 def activation_backward(step: FP8Step, activation: str, d_act: torch.Tensor, fc1_out: torch.Tensor,
-                        want_dbias: bool):
+                        want_dbias: bool, dev: CoreDevice):
     """(high-precision dx or None, FP8 dx or None, fc1's bias gradient or None) from the
     activation output's gradient. Delayed scaling: one kernel computes the activation
     gradient, its column sums (fc1's bias gradient) and the FP8 cast in both layouts
     (backward tensor 1), reading d_act and fc1_out once."""
-    if step.fp8 and isinstance(step.recipe, DelayedScaling):
+    kind = ACTIVATIONS[activation][0]
+    if step.fp8 and step.delayed:
         state = step.bwd_state
-        dbias, dx_fp8 = dact_dbias_quantize(activation, d_act, fc1_out, get_fp8_te_dtype(step.recipe, False),
-                                            state.scale[1:2], state.current_amax(1), with_dbias=want_dbias)
+        fp8 = Fp8Output(state.fp8_dtype, state.scale_address(1), state.amax_address(1), True)
+        dbias, dx_fp8 = module_ops.dact_dbias_quantize(kind, d_act, fc1_out, fp8, want_dbias, dev)
         return None, dx_fp8, dbias
-    dx = ACTIVATIONS[activation][1](d_act, fc1_out)
+    dx = module_ops.activation_backward(kind, d_act, fc1_out, dev)
     return dx, None, (dx.sum(0) if want_dbias else None)
 
 
@@ -88,19 +89,20 @@ class _LayerNormMLPFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, ln_weight, ln_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias, inp,
                 module: "LayerNormMLP", step: FP8Step, dtype: torch.dtype, is_first_microbatch: Optional[bool]):
+        dev = core_device(inp)
         x = to_2d(inp, module.hidden_size, dtype)
         b1 = fc1_bias.to(dtype) if fc1_bias is not None and fc1_bias.dtype != dtype else fc1_bias
         b2 = fc2_bias.to(dtype) if fc2_bias is not None and fc2_bias.dtype != dtype else fc2_bias
         w1_grad, w2_grad = fc1_weight.requires_grad, fc2_weight.requires_grad
         ln_out, ln_fp8, mu, rsigma = norm_then_maybe_fp8(
             step, module.normalization, x, ln_weight, ln_bias, module.eps, module.zero_centered_gamma,
-            module.return_layernorm_output, w1_grad)
+            module.return_layernorm_output, w1_grad, dev)
         fc1_out, saved_ln, saved_w1 = linear_gemm_forward(module, step, ln_out, fc1_weight, b1, dtype,
-                                                          is_first_microbatch, w1_grad, True, x_fp8=ln_fp8,
+                                                          is_first_microbatch, w1_grad, True, dev, x_fp8=ln_fp8,
                                                           weight_name="fc1_weight", index=0)
-        act_out, act_fp8 = activation_forward(step, module.activation, fc1_out, w2_grad)
+        act_out, act_fp8 = activation_forward(step, module.activation, fc1_out, w2_grad, dev)
         out, saved_act, saved_w2 = linear_gemm_forward(module, step, act_out, fc2_weight, b2, dtype,
-                                                       is_first_microbatch, w2_grad, True, x_fp8=act_fp8,
+                                                       is_first_microbatch, w2_grad, True, dev, x_fp8=act_fp8,
                                                        weight_name="fc2_weight", index=2)
         ctx.saved = (x, mu, rsigma, saved_ln, saved_w1, fc1_out, saved_act, saved_w2)
         ctx.weights = (ln_weight, fc1_weight, fc2_weight)
@@ -108,9 +110,9 @@ class _LayerNormMLPFunction(torch.autograd.Function):
                            fc2_bias.dtype if fc2_bias is not None else None)
         ctx.module, ctx.step, ctx.dtype = module, step, dtype
         ctx.inp_shape, ctx.inp_dtype = inp.shape, inp.dtype
-        out = out.view(*inp.shape[:-1], module.hidden_size)
+        out = to_shape(out, inp.shape)
         if module.return_layernorm_output:
-            return out, ln_out.view(inp.shape)
+            return out, to_shape(ln_out, inp.shape)
         return out
 
     @staticmethod
@@ -120,22 +122,25 @@ class _LayerNormMLPFunction(torch.autograd.Function):
         ln_weight, fc1_weight, fc2_weight = ctx.weights
         b1_dtype, b2_dtype = ctx.bias_dtypes
         fuse = module.fuse_wgrad_accumulation
+        dev = core_device(grad_out)
         dy = to_2d(grad_out, module.hidden_size, dtype)
         want_b2 = b2_dtype is not None and ctx.needs_input_grad[5]
         want_b1 = b1_dtype is not None and ctx.needs_input_grad[3]
         d_act, d_w2, d_b2 = linear_gemm_backward(step, dy, saved_act, saved_w2, fc2_weight, dtype,
-                                                 fc2_weight.requires_grad, True, fuse, index=0, want_dbias=want_b2)
-        d_fc1_out, d_fc1_fp8, d_b1 = activation_backward(step, module.activation, d_act, fc1_out, want_b1)
+                                                 fc2_weight.requires_grad, True, fuse, dev, index=0,
+                                                 want_dbias=want_b2)
+        d_fc1_out, d_fc1_fp8, d_b1 = activation_backward(step, module.activation, d_act, fc1_out, want_b1, dev)
         d_ln_out, d_w1, _ = linear_gemm_backward(step, d_fc1_out, saved_ln, saved_w1, fc1_weight, dtype,
-                                                 fc1_weight.requires_grad, True, fuse, index=1, dy_fp8=d_fc1_fp8)
+                                                 fc1_weight.requires_grad, True, fuse, dev, index=1,
+                                                 dy_fp8=d_fc1_fp8)
         d_b1 = d_b1.to(b1_dtype) if d_b1 is not None else None
         d_b2 = d_b2.to(b2_dtype) if d_b2 is not None else None
         if grad_ln_out is not None:
             d_ln_out = d_ln_out + to_2d(grad_ln_out, module.hidden_size, dtype)
         dx, d_ln_w, d_ln_b = norm_backward(module.normalization, d_ln_out.contiguous(), x, mu, rsigma, ln_weight,
-                                           module.zero_centered_gamma)
+                                           module.zero_centered_gamma, dev)
         finish_backward(step)
-        dx = dx.view(ctx.inp_shape)
+        dx = to_shape(dx, ctx.inp_shape)
         dx = dx.to(ctx.inp_dtype) if dx.dtype != ctx.inp_dtype else dx
         return d_ln_w, d_ln_b, d_w1, d_b1, d_w2, d_b2, dx, None, None, None, None
 
@@ -198,7 +203,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
 
         make_norm_parameters(self, hidden_size, normalization, self.zero_centered_gamma, params_dtype, device,
                              prefix="layer_norm_")
-        fc1_rows = ffn_hidden_size * (2 if ACTIVATIONS[activation][2] else 1)
+        fc1_rows = ffn_hidden_size * (2 if ACTIVATIONS[activation][1] else 1)
         init_method = default_init_method if init_method is None else init_method
         output_layer_init_method = init_method if output_layer_init_method is None else output_layer_init_method
         for prefix, shape, init in (("fc1", (fc1_rows, hidden_size), init_method),

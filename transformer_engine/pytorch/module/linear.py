@@ -15,10 +15,9 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 import torch
 
-from transformer_engine.common.recipe import DelayedScaling
-from transformer_engine.pytorch.cpp_extensions import general_gemm
-from transformer_engine.pytorch.cpp_extensions.bias_grad import bgrad_quantize
-from transformer_engine.pytorch.fp8 import FP8GlobalStateManager, get_fp8_te_dtype
+from transformer_engine.pytorch.cpp_extensions import general_gemm, module_ops
+from transformer_engine.pytorch.cpp_extensions.module_ops import CUDA, CoreDevice, core_device
+from transformer_engine.pytorch.fp8 import FP8GlobalStateManager
 from transformer_engine.pytorch.tensor import Float8TensorBase
 from transformer_engine.pytorch.module.base import (
     FP8Step,
@@ -60,27 +59,28 @@ def _split_sizes(parameters_split, out_features: int) -> Optional[Dict[str, int]
     return sizes
 
 
-def hp_linear_forward(weight: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+def hp_linear_forward(weight: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor],
+                      dev: CoreDevice) -> torch.Tensor:
     """x W^T + b in x's dtype: the core GEMM (cuBLASLt, bias fused) on the GPU, torch's
     BLAS on the CPU (the CPU core GEMM is a reference, not a fast path)."""
-    if x.is_cuda:
-        return general_gemm(weight, x, get_workspace(x.device), out_dtype=x.dtype, bias=bias, layout="TN")[0]
+    if dev.type == CUDA:
+        return module_ops.gemm(weight, x, dev, x.dtype, True, False, bias=bias)
     return torch.nn.functional.linear(x, weight, bias)
 
 
-def hp_dgrad(weight: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
-    if dy.is_cuda:
-        return general_gemm(weight, dy, get_workspace(dy.device), out_dtype=dy.dtype, layout="NN")[0]
+def hp_dgrad(weight: torch.Tensor, dy: torch.Tensor, dev: CoreDevice) -> torch.Tensor:
+    if dev.type == CUDA:
+        return module_ops.gemm(weight, dy, dev, dy.dtype, False, False)
     return dy @ weight
 
 
-def hp_wgrad(x: torch.Tensor, dy: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+def hp_wgrad(x: torch.Tensor, dy: torch.Tensor, dev: CoreDevice, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """dy^T x, added into ``out`` when given (fuse_wgrad_accumulation)."""
-    if dy.is_cuda:
-        if out is not None:
+    if dev.type == CUDA:
+        if out is not None:  # a buffer of the user's: through the checked helper
             return general_gemm(x, dy, get_workspace(dy.device), out_dtype=out.dtype, layout="NT", out=out,
                                 accumulate=True)[0]
-        return general_gemm(x, dy, get_workspace(dy.device), out_dtype=dy.dtype, layout="NT")[0]
+        return module_ops.gemm(x, dy, dev, dy.dtype, False, True)
     grad = dy.t() @ x
     if out is not None:
         out.add_(grad.to(out.dtype))
@@ -90,7 +90,7 @@ def hp_wgrad(x: torch.Tensor, dy: torch.Tensor, out: Optional[torch.Tensor] = No
 
 def linear_gemm_forward(module: TransformerEngineBaseModule, step: FP8Step, x: torch.Tensor, weight, bias,
                         dtype: torch.dtype, is_first_microbatch: Optional[bool], need_wgrad: bool, need_dgrad: bool,
-                        x_fp8: Optional[Float8TensorBase] = None, weight_name: str = "weight",
+                        dev: CoreDevice, x_fp8: Optional[Float8TensorBase] = None, weight_name: str = "weight",
                         index: int = 0):
     """The forward GEMM of a linear layer on the 2-D input ``x`` (already in ``dtype``) or its
     FP8 cast ``x_fp8`` (made by a fused norm); the input is forward tensor ``index`` and the
@@ -98,15 +98,14 @@ def linear_gemm_forward(module: TransformerEngineBaseModule, step: FP8Step, x: t
     if step.fp8:
         if x_fp8 is None:
             check_fp8_dims(x, "the input")
-            x_fp8 = cast_to_fp8(x, step, index, rowwise=True, columnwise=need_wgrad)
+            x_fp8 = cast_to_fp8(x, step, index, dev, rowwise=True, columnwise=need_wgrad)
         w_fp8 = module.fp8_weight(weight_name, weight, dtype, step, index + 1, is_first_microbatch,
-                                  columnwise=need_dgrad)
+                                  need_dgrad, dev)
         # cuBLASLt has no FP8 GEMM with an fp32 output and an fp32 bias epilogue: the bias
         # is added afterwards there (fp32 activations under FP8 are rare; bf16 fuses it).
-        fuse_bias = bias is not None and not (x_fp8.device.type == "cuda" and dtype == torch.float32)
-        out = general_gemm(w_fp8, x_fp8, get_workspace(w_fp8.device), out_dtype=dtype,
-                           bias=bias if fuse_bias else None, layout="TN",
-                           use_split_accumulator=_split(step, "fp8_gemm_fprop", default=False))[0]
+        fuse_bias = bias is not None and not (dev.type == CUDA and dtype == torch.float32)
+        out = module_ops.gemm(w_fp8, x_fp8, dev, dtype, True, False, bias=bias if fuse_bias else None,
+                              split_accumulator=_split(step, "fp8_gemm_fprop", default=False))
         if bias is not None and not fuse_bias:
             out.add_(bias)
         return out, (x_fp8 if need_wgrad else None), (w_fp8 if need_dgrad else None)
@@ -117,13 +116,28 @@ def linear_gemm_forward(module: TransformerEngineBaseModule, step: FP8Step, x: t
     if step.calibrating:
         record_amax(x, step, True, index)
         record_amax(w, step, True, index + 1)
-    out = hp_linear_forward(w, x, bias)
+    out = hp_linear_forward(w, x, bias, dev)
     return out, (x if need_wgrad else None), (w if need_dgrad else None)
 
 
+def _cast_grad(step: FP8Step, dy: torch.Tensor, index: int, want_dbias: bool, need_dgrad: bool, need_wgrad: bool,
+               dev: CoreDevice):
+    """(dbias or None, dy in FP8 or None) for the backward GEMMs: the layouts they read
+    (row-wise for dgrad, column-wise for wgrad), nothing when neither runs. Under delayed
+    scaling dbias comes from the same pass as the cast."""
+    if not (need_dgrad or need_wgrad):
+        return (dy.sum(0) if want_dbias else None), None
+    if want_dbias and step.delayed:
+        state = step.bwd_state
+        return module_ops.dbias_quantize(dy, state.fp8_dtype, state.scale_address(index), state.amax_address(index),
+                                         need_dgrad, need_wgrad, dev)
+    dy_fp8 = cast_to_fp8(dy, step, index, dev, forward=False, rowwise=need_dgrad, columnwise=need_wgrad)
+    return (dy.sum(0) if want_dbias else None), dy_fp8
+
+
 def linear_gemm_backward(step: FP8Step, dy: Optional[torch.Tensor], saved_x, saved_w, weight, dtype: torch.dtype,
-                         need_wgrad: bool, need_dgrad: bool, fuse_wgrad_accumulation: bool, index: int = 0,
-                         want_dbias: bool = False, dy_fp8: Optional[Float8TensorBase] = None):
+                         need_wgrad: bool, need_dgrad: bool, fuse_wgrad_accumulation: bool, dev: CoreDevice,
+                         index: int = 0, want_dbias: bool = False, dy_fp8: Optional[Float8TensorBase] = None):
     """dgrad and wgrad of a linear layer from its output gradient ``dy`` (2-D, ``dtype``),
     cast to FP8 (backward tensor ``index``) under FP8 unless ``dy_fp8`` is already that
     cast. With ``want_dbias`` also the bias gradient (dy summed over rows, ``dtype``):
@@ -136,38 +150,33 @@ def linear_gemm_backward(step: FP8Step, dy: Optional[torch.Tensor], saved_x, sav
     dx = dw = dbias = None
     if step.fp8:
         if dy_fp8 is None:
-            if want_dbias and isinstance(step.recipe, DelayedScaling) and (need_dgrad or need_wgrad):
-                state = step.bwd_state
-                dbias, dy_fp8 = bgrad_quantize(dy, get_fp8_te_dtype(step.recipe, False), state.scale[index:index + 1],
-                                               state.current_amax(index), rowwise=need_dgrad,
-                                               columnwise=need_wgrad)
-            else:
-                dy_fp8 = cast_to_fp8(dy, step, index, forward=False, rowwise=need_dgrad, columnwise=need_wgrad)
-        if want_dbias and dbias is None:
+            dbias, dy_fp8 = _cast_grad(step, dy, index, want_dbias, need_dgrad, need_wgrad, dev)
+        elif want_dbias:
             dbias = dy.sum(0)
-        ws = get_workspace(dy_fp8.device)
         if need_dgrad:
-            dx = general_gemm(saved_w, dy_fp8, ws, out_dtype=dtype, layout="NN",
-                              use_split_accumulator=_split(step, "fp8_gemm_dgrad"))[0]
+            dx = module_ops.gemm(saved_w, dy_fp8, dev, dtype, False, False,
+                                 split_accumulator=_split(step, "fp8_gemm_dgrad"))
         if need_wgrad:
-            if main_grad is not None:
-                general_gemm(saved_x, dy_fp8, ws, out_dtype=main_grad.dtype, layout="NT", out=main_grad,
-                             accumulate=True, use_split_accumulator=_split(step, "fp8_gemm_wgrad"))
+            if main_grad is not None:  # a buffer of the user's: through the checked helper
+                general_gemm(saved_x, dy_fp8, get_workspace(dy.device), out_dtype=main_grad.dtype, layout="NT",
+                             out=main_grad, accumulate=True, use_split_accumulator=_split(step, "fp8_gemm_wgrad"))
             else:
-                dw = general_gemm(saved_x, dy_fp8, ws, out_dtype=dtype, layout="NT",
-                                  use_split_accumulator=_split(step, "fp8_gemm_wgrad"))[0]
+                dw = module_ops.gemm(saved_x, dy_fp8, dev, dtype, False, True,
+                                     split_accumulator=_split(step, "fp8_gemm_wgrad"))
     else:
         if step.calibrating:
             record_amax(dy, step, False, index)
-        if want_dbias:
-            dbias = dy.sum(0)
         if need_dgrad:
-            dx = hp_dgrad(saved_w, dy)
+            dx = hp_dgrad(saved_w, dy, dev)
         if need_wgrad:
             if main_grad is not None:
-                hp_wgrad(saved_x, dy, out=main_grad)
+                hp_wgrad(saved_x, dy, dev, out=main_grad)
+            elif want_dbias and dev.type == CUDA:  # dbias from the wgrad GEMM's epilogue: one launch fewer
+                dw, dbias = module_ops.gemm_bias_grad(saved_x, dy, dev, dy.dtype, False, True)
             else:
-                dw = hp_wgrad(saved_x, dy)
+                dw = hp_wgrad(saved_x, dy, dev)
+        if want_dbias and dbias is None:
+            dbias = dy.sum(0)
     if main_grad is not None and need_wgrad:
         # Megatron-style optimizers read main_grad and check this flag.
         weight.grad_added_to_main_grad = True
@@ -188,39 +197,49 @@ def finish_backward(step: FP8Step) -> None:
 
 def to_2d(t: torch.Tensor, cols: int, dtype: torch.dtype) -> torch.Tensor:
     """``t`` as a contiguous [rows, cols] matrix in ``dtype``."""
-    t = t.reshape(-1, cols)
+    if t.dim() != 2:  # a reshape costs a microsecond even when it changes nothing
+        t = t.reshape(-1, cols)
     return (t.to(dtype) if t.dtype != dtype else t).contiguous()
+
+
+def to_shape(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """The [rows, cols] result ``t`` viewed as ``shape`` (as is when that is 2-D already)."""
+    return t if len(shape) == 2 else t.view(shape)
 
 
 class _LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, weight, inp, bias, module: "Linear", step: FP8Step, dtype: torch.dtype,
                 is_first_microbatch: Optional[bool]):
+        dev = core_device(inp)
         x = to_2d(inp, weight.shape[1], dtype)
         b = bias.to(dtype) if bias is not None and bias.dtype != dtype else bias
         need_wgrad, need_dgrad = weight.requires_grad, inp.requires_grad
         out, saved_x, saved_w = linear_gemm_forward(module, step, x, weight, b, dtype, is_first_microbatch,
-                                                    need_wgrad, need_dgrad)
+                                                    need_wgrad, need_dgrad, dev)
         ctx.saved = (saved_x, saved_w)
         ctx.weight, ctx.step, ctx.dtype = weight, step, dtype
         ctx.inp_shape, ctx.inp_dtype = inp.shape, inp.dtype
         ctx.bias_dtype = bias.dtype if bias is not None else None
         ctx.fuse_wgrad_accumulation = module.fuse_wgrad_accumulation
         ctx.needs = (need_wgrad, need_dgrad)
+        if inp.dim() == 2:
+            return out
         return out.view(*inp.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad_out):
         (saved_x, saved_w), ctx.saved = ctx.saved, None
         weight = ctx.weight
+        dev = core_device(grad_out)  # the stream of the backward, which may differ from the forward's
         dy = to_2d(grad_out, weight.shape[0], ctx.dtype)
         want_dbias = ctx.bias_dtype is not None and ctx.needs_input_grad[2]
         dx, dw, dbias = linear_gemm_backward(ctx.step, dy, saved_x, saved_w, weight, ctx.dtype, *ctx.needs,
-                                             ctx.fuse_wgrad_accumulation, want_dbias=want_dbias)
+                                             ctx.fuse_wgrad_accumulation, dev, want_dbias=want_dbias)
         dbias = dbias.to(ctx.bias_dtype) if dbias is not None else None
         finish_backward(ctx.step)
         if dx is not None:
-            dx = dx.view(ctx.inp_shape)
+            dx = to_shape(dx, ctx.inp_shape)
             dx = dx.to(ctx.inp_dtype) if dx.dtype != ctx.inp_dtype else dx
         return dw, dx, dbias, None, None, None, None
 
@@ -296,8 +315,11 @@ class Linear(TransformerEngineBaseModule):
 
     # ---- parameters as the GEMM sees them ----
     def _joined(self, names):
-        params = [getattr(self, n) for n in names]
-        return params[0] if len(params) == 1 else torch.cat(params, dim=0)
+        # From _parameters, where nn.Module keeps them (getattr would go through
+        # nn.Module.__getattr__, a slower search, on every forward).
+        if len(names) == 1:
+            return self._parameters[names[0]]
+        return torch.cat([self._parameters[n] for n in names], dim=0)
 
     def full_weight(self) -> torch.Tensor:
         return self._joined(self._weight_names)

@@ -72,6 +72,20 @@ class Float8TensorBase:
         instance._quantizer = quantizer
         return instance
 
+    @staticmethod
+    def wrap(data: Optional[torch.Tensor], data_transpose: Optional[torch.Tensor], scale_inv: torch.Tensor,
+             fp8_dtype: DType) -> "Float8TensorBase":
+        """Storage over buffers its caller just allocated and filled by a cast (uint8 data of
+        the logical shape and / or its column-wise copy, float32 [1] scale_inv on their
+        device, a DType), without the checks of the constructor: the modules' hot path."""
+        instance = object.__new__(Float8TensorBase)
+        instance._data = data
+        instance._transpose = data_transpose
+        instance._scale_inv = scale_inv
+        instance._fp8_dtype = fp8_dtype
+        instance._quantizer = None
+        return instance
+
     @classmethod
     def from_tensor(cls, x: torch.Tensor, fp8_dtype, scale: torch.Tensor, amax: torch.Tensor | None = None,
                     rowwise: bool = True, columnwise: bool = False) -> "Float8TensorBase":

@@ -1,0 +1,165 @@
+"""Host (CPU-side) time of a training step of tiny Transformer Engine modules against the
+plain PyTorch layers they replace, without FP8 and in FP8 (delayed and current scaling),
+side by side in one run.
+
+    python3 benchmarks/bench_host_overhead.py                  # the GPU when there is one
+    python3 benchmarks/bench_host_overhead.py --device cpu     # no GPU needed
+
+A step is ``with te.fp8_autocast(...): y = module(x)`` then ``y.backward(grad)`` on a tiny
+input ([16, 64] by default), so the kernels take a few microseconds and the host's work
+(Python, checks, descriptors, allocations, launches) is what is measured. Every module
+runs inside te.fp8_autocast (enabled=False for the PyTorch layers), as bench_modules.py
+does. Times: the fastest of alternating rounds (drift hits every case alike, and on a
+shared machine the least disturbed round is the best estimate of the work itself; the
+median moved by up to 50% between runs on a busy 2-core machine, the minimum by a few
+percent).
+
+On a GPU the wall time per step is the host time: kernels run asynchronously, the queue
+is drained at the end of each round. On the CPU the core's reference kernels would run
+inline, and at these sizes they take longer than the Python around them (the reference
+GEMM is a plain loop), so by default (``--core stub``) every kernel-running function of
+``transformer_engine._core`` is replaced by a no-op while timing: what remains is the host
+work of the modules, the same code on both devices (the outputs are then garbage, which
+the timed steps never read; a GPU adds each core call's launch to it). ``--core run``
+times the real CPU kernels instead. The PyTorch layers' CPU kernels always run (a few
+microseconds at this size), so on the CPU the ratios lean slightly in PyTorch's favour.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+
+import torch
+import torch.nn.functional as F
+
+import transformer_engine.pytorch as te
+from transformer_engine import _core
+from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling
+
+RECIPES = {"no FP8": None, "delayed FP8": DelayedScaling(), "current FP8": Float8CurrentScaling()}
+# _core functions that answer questions (sizes, build flags) rather than run kernels: kept.
+_CORE_QUERIES = {"built_with_cuda", "gemm_workspace_size", "norm_workspace_size", "dbias_workspace_size"}
+
+
+class TorchLayerNormLinear(torch.nn.Module):
+    def __init__(self, hidden: int, out: int, device):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(hidden, device=device)
+        self.linear = torch.nn.Linear(hidden, out, device=device)
+
+    def forward(self, x):
+        return self.linear(self.norm(x))
+
+
+class TorchMLP(torch.nn.Module):
+    def __init__(self, hidden: int, ffn: int, device):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(hidden, device=device)
+        self.fc1 = torch.nn.Linear(hidden, ffn, device=device)
+        self.fc2 = torch.nn.Linear(ffn, hidden, device=device)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(self.norm(x)), approximate="tanh"))
+
+
+def training_step(module, x, grad, recipe):
+    fp8 = recipe is not None
+
+    def step():
+        with te.fp8_autocast(enabled=fp8, fp8_recipe=recipe):
+            y = module(x)
+        y.backward(grad)
+    return step
+
+
+@contextlib.contextmanager
+def core_kernels_stubbed():
+    """Every kernel-running _core function a no-op inside (see the module docstring)."""
+    saved = {}
+    for name in dir(_core):
+        fn = getattr(_core, name)
+        if name.startswith("_") or name in _CORE_QUERIES or isinstance(fn, type) or not callable(fn):
+            continue
+        saved[name] = fn
+        setattr(_core, name, lambda *args, **kwargs: None)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(_core, name, fn)
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def round_us(step, iters: int, device: str) -> float:
+    """Wall time per step of one round of ``iters`` steps."""
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(iters):
+        step()
+    elapsed = time.perf_counter() - start
+    sync(device)
+    return elapsed / iters * 1e6
+
+
+def best_round_us(steps: dict, iters: int, rounds: int, device: str) -> dict:
+    """name -> the fastest round's time per step, over alternating rounds of every step."""
+    for step in steps.values():
+        for _ in range(20):
+            step()
+    best = {name: float("inf") for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            best[name] = min(best[name], round_us(step, iters, device))
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--core", default="stub", choices=("stub", "run"),
+                        help="on the CPU: replace the core's kernels by no-ops (stub) or run them")
+    parser.add_argument("--iters", type=int, default=100, help="steps per round")
+    parser.add_argument("--rounds", type=int, default=25)
+    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--modules", default="Linear,LayerNormLinear,LayerNormMLP")
+    args = parser.parse_args()
+    device, t, h = args.device, args.tokens, args.hidden
+    stub = device == "cpu" and args.core == "stub"
+    if device == "cpu":
+        torch.set_num_threads(1)  # tiny ops: threads only add noise
+    name = torch.cuda.get_device_name() if device == "cuda" else "CPU" + (", core kernels stubbed" if stub else "")
+    print(f"device: {name}  input [{t}, {h}], hidden {h}, fp32 params; fastest of {args.rounds} rounds of "
+          f"{args.iters} steps; host us per forward + backward (ratio to PyTorch)")
+    header = ["module", "PyTorch us"] + [f"OpenTE {label} us" for label in RECIPES]
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+
+    x = torch.randn(t, h, device=device, requires_grad=True)
+    grad = torch.randn(t, h, device=device)
+    pairs = {
+        "Linear": (lambda: torch.nn.Linear(h, h, device=device), lambda: te.Linear(h, h, device=device)),
+        "LayerNormLinear": (lambda: TorchLayerNormLinear(h, h, device),
+                            lambda: te.LayerNormLinear(h, h, device=device)),
+        "LayerNormMLP": (lambda: TorchMLP(h, 4 * h, device), lambda: te.LayerNormMLP(h, 4 * h, device=device)),
+    }
+    for module_name in args.modules.split(","):
+        make_ref, make_te = pairs[module_name]
+        ref, ours = make_ref(), make_te()
+        steps = {"ref": training_step(ref, x, grad, None)}
+        steps.update({label: training_step(ours, x, grad, recipe) for label, recipe in RECIPES.items()})
+        with core_kernels_stubbed() if stub else contextlib.nullcontext():
+            times = best_round_us(steps, args.iters, args.rounds, device)
+        row = [module_name, f"{times['ref']:.1f}"]
+        row += [f"{times[label]:.1f} ({times[label] / times['ref']:.2f}x)" for label in RECIPES]
+        print("| " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+    main()

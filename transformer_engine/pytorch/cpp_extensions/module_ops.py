@@ -1,0 +1,317 @@
+"""The core calls of the modules' training step (te.Linear, LayerNormLinear, LayerNormMLP),
+without the argument checks of the public helpers in cast.py, gemm.py and bias_grad.py.
+
+The modules make every argument themselves: contiguous 2-D float activations on the
+parameters' device, FP8 buffers just allocated, the scale and amax slots of their own
+recipe state (passed as addresses, so no [1]-element views are made). The core still
+validates every descriptor it gets (dtypes, shapes, devices, null pointers), so a mistake
+here raises the core's error instead of touching wrong memory; float operands are
+checked for contiguity, since descriptors carry no strides.
+
+Why a second path: host time shows at small sizes (input [16, 64]), and there the public
+helpers' checks, descriptor building, [1]-element scale views and torch.Size-shaped
+allocations were most of an FP8 te.Linear step's host work: about 4x PyTorch's
+nn.Linear on the CPU before this path, 1.7x with it (benchmarks/bench_host_overhead.py).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, NamedTuple, Optional, Tuple
+
+import torch
+
+from transformer_engine import _core
+from transformer_engine.pytorch.cpp_extensions.tensor_desc import DType, current_stream, te_dtype
+
+# A module import, not a name: the tensor package imports the cast helpers of this
+# package, so either package may be the one imported first.
+import transformer_engine.pytorch.tensor._internal.float8_tensor_base as _f8
+
+__all__ = [
+    "CPU", "CUDA", "CoreDevice", "Fp8Output", "core_device", "cuda_workspace",
+    "quantize", "quantize_current_scaling", "dbias_quantize", "gemm", "gemm_bias_grad", "delayed_scaling_update",
+    "norm_forward", "norm_backward", "activation_forward", "activation_backward", "dact_dbias_quantize",
+]
+
+CPU = int(_core.DeviceType.CPU)  # CoreDevice.type values
+CUDA = int(_core.DeviceType.CUDA)
+_PER_TENSOR = int(_core.ScalingMode.PER_TENSOR)
+_EPILOGUE_NONE = int(_core.GemmEpilogue.NONE)
+_EPILOGUE_BIAS = int(_core.GemmEpilogue.BIAS)
+_EPILOGUE_BGRAD = int(_core.GemmEpilogue.BGRAD)
+_U8 = torch.uint8
+_F32 = torch.float32
+
+
+class CoreDevice(NamedTuple):
+    """Where one forward's (or backward's) core calls run: the core's device type and
+    index, torch's current stream there (read once: nothing in between can change it),
+    and cuBLASLt's workspace (address and bytes; 0 on the CPU)."""
+
+    type: int
+    index: int
+    stream: int
+    workspace: int
+    workspace_size: int
+
+
+_CPU_DEVICE = CoreDevice(CPU, 0, 0, 0, 0)
+# device index -> (workspace tensor, its address, its bytes), kept for the process.
+_CUDA_WORKSPACES: Dict[int, Tuple[torch.Tensor, int, int]] = {}
+
+
+def cuda_workspace(index: int) -> Tuple[torch.Tensor, int, int]:
+    """cuBLASLt's scratch on CUDA device ``index`` (allocated once): (tensor, address, bytes)."""
+    entry = _CUDA_WORKSPACES.get(index)
+    if entry is None:
+        ws = torch.empty(_core.gemm_workspace_size(), dtype=_U8, device=torch.device("cuda", index))
+        entry = _CUDA_WORKSPACES[index] = (ws, ws.data_ptr(), ws.numel())
+    return entry
+
+
+def core_device(t: torch.Tensor) -> CoreDevice:
+    """The CoreDevice of tensor ``t`` (a CPU or CUDA tensor)."""
+    if t.is_cuda:
+        index = t.get_device()
+        _, ws, ws_size = cuda_workspace(index)
+        return CoreDevice(CUDA, index, current_stream(index), ws, ws_size)
+    if t.is_cpu:
+        return _CPU_DEVICE
+    raise ValueError(f"OpenTE modules run on CPU or CUDA tensors, got a tensor on {t.device}")
+
+
+_CORE_DTYPES = {torch.float32: int(DType.kFloat32), torch.float16: int(DType.kFloat16),
+                torch.bfloat16: int(DType.kBFloat16)}
+
+
+def _float_desc(t: torch.Tensor, dev: CoreDevice, name: str) -> _core.Tensor:
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
+    dtype = _CORE_DTYPES.get(t.dtype)
+    if dtype is None:
+        dtype = int(te_dtype(t.dtype, name))  # the core then names what it expected
+    return _core.Tensor(dev.type, dev.index, dtype, t.shape, t.data_ptr())
+
+
+def _address(t: Optional[torch.Tensor]) -> int:
+    return t.data_ptr() if t is not None else 0
+
+
+def _fp8_buffers(rows: int, cols: int, device: torch.device, rowwise: bool, columnwise: bool):
+    """Uninitialized (data [rows, cols], data_t [cols, rows], scale_inv [1]). Sizes as
+    separate ints: torch.empty parses them several times faster than a torch.Size."""
+    data = torch.empty(rows, cols, dtype=_U8, device=device) if rowwise else None
+    data_t = torch.empty(cols, rows, dtype=_U8, device=device) if columnwise else None
+    return data, data_t, torch.empty(1, dtype=_F32, device=device)
+
+
+def _fp8_desc(rows: int, cols: int, fp8_dtype: DType, data, data_t, scale: int, scale_inv: torch.Tensor, amax: int,
+              dev: CoreDevice) -> _core.Tensor:
+    return _core.Tensor(dev.type, dev.index, int(fp8_dtype), (rows, cols), _address(data), _address(data_t),
+                        scale, scale_inv.data_ptr(), amax, _PER_TENSOR)
+
+
+def _scratch(size: int, device: torch.device) -> Tuple[Optional[torch.Tensor], int]:
+    """A workspace of ``size`` bytes (None and 0 when the op needs none, as on the CPU). The
+    caller keeps it referenced until the op is queued; the caching allocator then orders
+    any reuse of the memory after it on the stream."""
+    if not size:
+        return None, 0
+    ws = torch.empty(size, dtype=_U8, device=device)
+    return ws, ws.data_ptr()
+
+
+class Fp8Output(NamedTuple):
+    """Where an op that writes FP8 puts it: format, the addresses of the scale it casts with
+    and of the amax it raises (0: none), and whether the column-wise copy is made too."""
+
+    fp8_dtype: DType
+    scale: int
+    amax: int
+    columnwise: bool
+
+
+def _output(rows: int, cols: int, like: torch.Tensor, fp8: Optional[Fp8Output], dev: CoreDevice):
+    """(result, descriptor) of an op's [rows, cols] output: like's dtype, or FP8 storage."""
+    if fp8 is None:
+        out = torch.empty(rows, cols, dtype=like.dtype, device=like.device)
+        return out, _float_desc(out, dev, "out")
+    data, data_t, scale_inv = _fp8_buffers(rows, cols, like.device, True, fp8.columnwise)
+    desc = _fp8_desc(rows, cols, fp8.fp8_dtype, data, data_t, fp8.scale, scale_inv, fp8.amax, dev)
+    return _f8.Float8TensorBase.wrap(data, data_t, scale_inv, fp8.fp8_dtype), desc
+
+
+def quantize(x: torch.Tensor, fp8_dtype: DType, scale: int, amax: int, rowwise: bool, columnwise: bool,
+             dev: CoreDevice) -> _f8.Float8TensorBase:
+    """``x`` (2-D float) cast to FP8 with the fp32 scale at address ``scale``, raising the
+    fp32 at ``amax`` (0: none) to max|x| in the same pass, as quantize() does."""
+    rows, cols = x.shape
+    data, data_t, scale_inv = _fp8_buffers(rows, cols, x.device, rowwise, columnwise)
+    out = _fp8_desc(rows, cols, fp8_dtype, data, data_t, scale, scale_inv, amax, dev)
+    _core.quantize(_float_desc(x, dev, "x"), out, dev.stream)
+    return _f8.Float8TensorBase.wrap(data, data_t, scale_inv, fp8_dtype)
+
+
+def quantize_current_scaling(x: torch.Tensor, fp8_dtype: DType, epsilon: float, force_pow_2_scales: bool,
+                             rowwise: bool, columnwise: bool, dev: CoreDevice) -> _f8.Float8TensorBase:
+    """``x`` (2-D float) cast to FP8 with current scaling: amax of x, then the scale from it,
+    then the cast, all queued by one core call (te_quantize_current_scaling)."""
+    rows, cols = x.shape
+    device = x.device
+    data, data_t, scale_inv = _fp8_buffers(rows, cols, device, rowwise, columnwise)
+    amax_and_scale = torch.empty(2, dtype=_F32, device=device)  # scratch the op fills before reading
+    amax = amax_and_scale.data_ptr()
+    out = _fp8_desc(rows, cols, fp8_dtype, data, data_t, amax + 4, scale_inv, amax, dev)
+    _core.quantize_current_scaling(_float_desc(x, dev, "x"), out, float(epsilon), bool(force_pow_2_scales),
+                                   dev.stream)
+    return _f8.Float8TensorBase.wrap(data, data_t, scale_inv, fp8_dtype)
+
+
+def dbias_quantize(dy: torch.Tensor, fp8_dtype: DType, scale: int, amax: int, rowwise: bool, columnwise: bool,
+                   dev: CoreDevice) -> Tuple[torch.Tensor, _f8.Float8TensorBase]:
+    """(dbias, dy in FP8) of a 2-D gradient in one pass, as bgrad_quantize()."""
+    rows, cols = dy.shape
+    device = dy.device
+    data, data_t, scale_inv = _fp8_buffers(rows, cols, device, rowwise, columnwise)
+    dbias = torch.empty(cols, dtype=dy.dtype, device=device)
+    ws_size = _core.dbias_workspace_size(rows, cols, dev.type, dev.index)
+    ws, ws_ptr = _scratch(ws_size, device)
+    _core.dbias_cast_transpose(_float_desc(dy, dev, "grad"),
+                               _fp8_desc(rows, cols, fp8_dtype, data, data_t, scale, scale_inv, amax, dev),
+                               _float_desc(dbias, dev, "dbias"), ws_ptr, ws_size, dev.stream)
+    return dbias, _f8.Float8TensorBase.wrap(data, data_t, scale_inv, fp8_dtype)
+
+
+def _gemm_operand(t, dev: CoreDevice, name: str) -> Tuple[_core.Tensor, int, int]:
+    """(descriptor, rows, cols) of a 2-D GEMM operand: a float tensor or FP8 storage (both
+    layouts passed; the core reads the one its layout needs)."""
+    if isinstance(t, _f8.Float8TensorBase):
+        data, data_t = t._data, t._transpose
+        if data is not None:
+            rows, cols = data.shape
+        else:
+            cols, rows = data_t.shape
+        desc = _core.Tensor(dev.type, dev.index, int(t._fp8_dtype), (rows, cols), _address(data), _address(data_t),
+                            0, t._scale_inv.data_ptr(), 0, _PER_TENSOR)
+        return desc, rows, cols
+    rows, cols = t.shape
+    return _float_desc(t, dev, name), rows, cols
+
+
+def gemm(A, B, dev: CoreDevice, out_dtype: torch.dtype, transa: bool, transb: bool, *,
+         bias: Optional[torch.Tensor] = None, split_accumulator: bool = False) -> torch.Tensor:
+    """``op_B(B) @ op_A(A) (+ bias)`` as a new [m, n] tensor of ``out_dtype`` (general_gemm's
+    convention: A, B 2-D, both float of one dtype or both Float8TensorBase)."""
+    a_desc, a_rows, a_cols = _gemm_operand(A, dev, "A")
+    b_desc, b_rows, b_cols = _gemm_operand(B, dev, "B")
+    n = a_rows if transa else a_cols
+    m = b_cols if transb else b_rows
+    out = torch.empty(m, n, dtype=out_dtype, device=B.device)
+    bias_desc = _float_desc(bias, dev, "bias") if bias is not None else None
+    _core.gemm(a_desc, b_desc, _float_desc(out, dev, "out"), bias_desc, None, None, transa, transb,
+               _EPILOGUE_BIAS if bias is not None else _EPILOGUE_NONE, 1.0, 0.0, bool(split_accumulator),
+               dev.workspace, dev.workspace_size, dev.stream)
+    return out
+
+
+def gemm_bias_grad(A: torch.Tensor, B: torch.Tensor, dev: CoreDevice, out_dtype: torch.dtype, transa: bool,
+                   transb: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(``op_B(B) @ op_A(A)``, the row sums of ``op_B(B)`` [m]), both ``out_dtype``, from one
+    GEMM with cuBLASLt's bias-gradient epilogue: the wgrad GEMM ("NT", B the output
+    gradient) and the bias gradient in one launch. Float operands only (CUDA)."""
+    a_desc, a_rows, a_cols = _gemm_operand(A, dev, "A")
+    b_desc, b_rows, b_cols = _gemm_operand(B, dev, "B")
+    n = a_rows if transa else a_cols
+    m = b_cols if transb else b_rows
+    out = torch.empty(m, n, dtype=out_dtype, device=B.device)
+    bias_grad = torch.empty(m, dtype=out_dtype, device=B.device)
+    _core.gemm(a_desc, b_desc, _float_desc(out, dev, "out"), None, None, _float_desc(bias_grad, dev, "bias_grad"),
+               transa, transb, _EPILOGUE_BGRAD, 1.0, 0.0, False, dev.workspace, dev.workspace_size, dev.stream)
+    return out, bias_grad
+
+
+def delayed_scaling_update(groups, fp8_dtype: DType, margin: float, amax_compute_algo: int, dev: CoreDevice) -> None:
+    """One te_delayed_scaling_update launch over ``groups`` (DelayedScalingState.core_group()
+    tuples, all on ``dev``), as cpp_extensions.recipe.delayed_scaling_update."""
+    _core.delayed_scaling_update(groups, amax_compute_algo, int(fp8_dtype), margin, dev.type, dev.index, dev.stream)
+
+
+def norm_forward(layernorm: bool, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], eps: float,
+                 zero_centered_gamma: bool, dev: CoreDevice, fp8: Optional[Fp8Output] = None):
+    """(out, mu, rsigma) of LayerNorm (``layernorm``, mu None otherwise: RMSNorm) over the
+    rows of the 2-D ``x``, as layernorm_fwd / rmsnorm_fwd: out in x's dtype, or FP8."""
+    rows, hidden = x.shape
+    device = x.device
+    x_desc = _float_desc(x, dev, "inp")
+    out, out_desc = _output(rows, hidden, x, fp8, dev)
+    mu = torch.empty(rows, dtype=_F32, device=device) if layernorm else None
+    rsigma = torch.empty(rows, dtype=_F32, device=device)
+    ws_size = _core.norm_workspace_size(rows, hidden, dev.type, dev.index)
+    ws, ws_ptr = _scratch(ws_size, device)
+    if layernorm:
+        _core.layernorm_fwd(x_desc, _float_desc(weight, dev, "weight"), _float_desc(bias, dev, "bias"), float(eps),
+                            bool(zero_centered_gamma), out_desc, _float_desc(mu, dev, "mu"),
+                            _float_desc(rsigma, dev, "rsigma"), ws_ptr, ws_size, dev.stream)
+    else:
+        _core.rmsnorm_fwd(x_desc, _float_desc(weight, dev, "weight"), float(eps), bool(zero_centered_gamma), out_desc,
+                          _float_desc(rsigma, dev, "rsigma"), ws_ptr, ws_size, dev.stream)
+    return out, mu, rsigma
+
+
+def norm_backward(layernorm: bool, dz: torch.Tensor, x: torch.Tensor, mu: Optional[torch.Tensor],
+                  rsigma: torch.Tensor, gamma: torch.Tensor, zero_centered_gamma: bool, dev: CoreDevice):
+    """(dx, dgamma, dbeta or None) of norm_forward, as layernorm_bwd / rmsnorm_bwd (2-D dz, x)."""
+    rows, hidden = x.shape
+    device = x.device
+    dx = torch.empty(rows, hidden, dtype=x.dtype, device=device)
+    dgamma = torch.empty(hidden, dtype=gamma.dtype, device=device)
+    dbeta = torch.empty(hidden, dtype=gamma.dtype, device=device) if layernorm else None
+    ws_size = _core.norm_workspace_size(rows, hidden, dev.type, dev.index)
+    ws, ws_ptr = _scratch(ws_size, device)
+    dz_desc, x_desc = _float_desc(dz, dev, "dz"), _float_desc(x, dev, "x")
+    rsigma_desc, gamma_desc = _float_desc(rsigma, dev, "rsigma"), _float_desc(gamma, dev, "gamma")
+    dx_desc, dgamma_desc = _float_desc(dx, dev, "dx"), _float_desc(dgamma, dev, "dgamma")
+    if layernorm:
+        _core.layernorm_bwd(dz_desc, x_desc, _float_desc(mu, dev, "mu"), rsigma_desc, gamma_desc,
+                            bool(zero_centered_gamma), dx_desc, dgamma_desc, _float_desc(dbeta, dev, "dbeta"), ws_ptr,
+                            ws_size, dev.stream)
+    else:
+        _core.rmsnorm_bwd(dz_desc, x_desc, rsigma_desc, gamma_desc, bool(zero_centered_gamma), dx_desc, dgamma_desc,
+                          ws_ptr, ws_size, dev.stream)
+    return dx, dgamma, dbeta
+
+
+def activation_forward(kind: int, gated: bool, x: torch.Tensor, dev: CoreDevice, fp8: Optional[Fp8Output] = None):
+    """The activation ``kind`` (an _core.Activation value) of the 2-D ``x``, as gelu() & co.:
+    [rows, cols], or [rows, cols / 2] for the ``gated`` kinds, in x's dtype or FP8."""
+    rows, cols = x.shape
+    out, out_desc = _output(rows, cols // 2 if gated else cols, x, fp8, dev)
+    _core.activation_fwd(kind, _float_desc(x, dev, "inp"), out_desc, dev.stream)
+    return out
+
+
+def activation_backward(kind: int, grad: torch.Tensor, x: torch.Tensor, dev: CoreDevice) -> torch.Tensor:
+    """The gradient of activation_forward's input (2-D, x's dtype), as dgelu() & co."""
+    rows, cols = x.shape
+    dx = torch.empty(rows, cols, dtype=x.dtype, device=x.device)
+    _core.activation_bwd(kind, _float_desc(grad, dev, "grad"), _float_desc(x, dev, "fwd_input"),
+                         _float_desc(dx, dev, "dinput"), dev.stream)
+    return dx
+
+
+def dact_dbias_quantize(kind: int, grad: torch.Tensor, x: torch.Tensor, fp8: Fp8Output, with_dbias: bool,
+                        dev: CoreDevice):
+    """(dbias or None, dx in FP8) of the activation ``kind`` at the 2-D ``x``, one pass, as
+    dact_dbias_quantize() (dbias: dx summed over rows, x's dtype)."""
+    rows, cols = x.shape
+    device = x.device
+    dx, dx_desc = _output(rows, cols, x, fp8, dev)
+    dbias, dbias_desc, ws, ws_ptr, ws_size = None, None, None, 0, 0
+    if with_dbias:
+        dbias = torch.empty(cols, dtype=x.dtype, device=device)
+        dbias_desc = _float_desc(dbias, dev, "dbias")
+        ws_size = _core.dbias_workspace_size(rows, cols, dev.type, dev.index)
+        ws, ws_ptr = _scratch(ws_size, device)
+    _core.dact_dbias_cast_transpose(kind, _float_desc(grad, dev, "grad"), _float_desc(x, dev, "fwd_input"), dx_desc,
+                                    dbias_desc, ws_ptr, ws_size, dev.stream)
+    return dbias, dx
