@@ -31,14 +31,21 @@ def time_pair_us(ours, theirs, iters: int, rounds: int = 5, warmup: int = 5) -> 
     """Median times of two functions, measured in alternating rounds so that clock
     and temperature drift during the run affect both alike (timing all of one and
     then all of the other moved single GEMM shapes by up to 5% either way, H200)."""
+    ours_us, theirs_us = time_rounds_us([ours, theirs], iters, rounds, warmup)
+    return ours_us, theirs_us
+
+
+def time_rounds_us(fns, iters: int, rounds: int = 5, warmup: int = 5) -> list[float]:
+    """Median times of several functions, measured in interleaved rounds (as
+    time_pair_us, for any number of functions)."""
     for _ in range(warmup):
-        ours()
-        theirs()
-    ours_times, their_times = [], []
+        for fn in fns:
+            fn()
+    times = [[] for _ in fns]
     for _ in range(rounds):
-        ours_times += event_times_us(ours, max(1, iters // rounds))
-        their_times += event_times_us(theirs, max(1, iters // rounds))
-    return statistics.median(ours_times), statistics.median(their_times)
+        for fn, fn_times in zip(fns, times):
+            fn_times += event_times_us(fn, max(1, iters // rounds))
+    return [statistics.median(fn_times) for fn_times in times]
 
 
 def copy_bandwidth(nbytes: int, iters: int) -> float:

@@ -1,4 +1,4 @@
-"""The main job: a small GPT built from transformer_engine.pytorch modules, trained on a
+"""The main job: a small GPT built from te.TransformerLayer blocks, trained on a
 generated data set first in BF16 and then in FP8 (same seed, same data), with a progress
 bar per run. Writes the loss curves (PNG) and a table (tokens/s, peak memory, final
 loss) to --out.

@@ -1,13 +1,13 @@
-"""A GPT-style decoder built from Transformer Engine modules: per block, LayerNormLinear
-(the fused QKV projection), causal attention (PyTorch's scaled_dot_product_attention
-until OpenTE's attention lands), Linear (the output projection), LayerNormMLP."""
+"""A GPT-style decoder built from Transformer Engine modules: a token and a learned
+position embedding, one te.TransformerLayer per block (pre-norm causal self attention
+with a fused QKV projection, and a LayerNorm + GELU MLP), a final te.LayerNorm and a
+te.Linear head."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 import transformer_engine.pytorch as te
 
@@ -22,20 +22,14 @@ class GPTConfig:
     seq_len: int
 
 
-class Block(torch.nn.Module):
-    def __init__(self, cfg: GPTConfig, device, params_dtype):
-        super().__init__()
-        self.heads = cfg.heads
-        self.qkv = te.LayerNormLinear(cfg.hidden, 3 * cfg.hidden, device=device, params_dtype=params_dtype)
-        self.proj = te.Linear(cfg.hidden, cfg.hidden, device=device, params_dtype=params_dtype)
-        self.mlp = te.LayerNormMLP(cfg.hidden, cfg.ffn, activation="gelu", device=device, params_dtype=params_dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
-        q, k, v = self.qkv(x).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(attn.transpose(1, 2).reshape(b, s, h))
-        return x + self.mlp(x)
+def transformer_block(cfg: GPTConfig, layer_number: int, device, params_dtype) -> te.TransformerLayer:
+    """One decoder block. layer_type "encoder" is TE's name for a block without cross
+    attention; the causal mask makes it a decoder block. The inputs are [batch, seq,
+    hidden] (bshd), as the embedding produces them."""
+    return te.TransformerLayer(
+        cfg.hidden, cfg.ffn, cfg.heads, layer_number=layer_number, layer_type="encoder",
+        self_attn_mask_type="causal", hidden_dropout=0.0, attention_dropout=0.0, fuse_qkv_params=True,
+        attn_input_format="bshd", activation="gelu", params_dtype=params_dtype, device=device)
 
 
 class GPT(torch.nn.Module):
@@ -43,7 +37,8 @@ class GPT(torch.nn.Module):
         super().__init__()
         self.embed = torch.nn.Embedding(cfg.vocab_size, cfg.hidden, device=device, dtype=params_dtype)
         self.pos = torch.nn.Parameter(torch.randn(cfg.seq_len, cfg.hidden, device=device, dtype=params_dtype) * 0.02)
-        self.blocks = torch.nn.ModuleList(Block(cfg, device, params_dtype) for _ in range(cfg.layers))
+        self.blocks = torch.nn.ModuleList(transformer_block(cfg, i + 1, device, params_dtype)
+                                          for i in range(cfg.layers))
         self.norm = te.LayerNorm(cfg.hidden, device=device, params_dtype=params_dtype)
         self.head = te.Linear(cfg.hidden, cfg.vocab_size, bias=False, device=device, params_dtype=params_dtype)
 
