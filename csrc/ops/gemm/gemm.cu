@@ -9,6 +9,9 @@
 
 #include <array>
 #include <cstring>
+#include <initializer_list>
+#include <list>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 
@@ -71,11 +74,13 @@ struct AlgoKey {
   int32_t a_dtype, b_dtype, d_dtype, bias_dtype, aux_dtype;
   int32_t transa, transb, epilogue, fast_accum, beta_nonzero;
   int32_t align_a, align_b, align_d;
+  int32_t has_d_amax;   // the descriptor of a cached plan carries an amax pointer or not
+  int32_t zero_padding; // keeps the int64s aligned without compiler padding; always 0
   int64_t m, n, k;
   uint64_t workspace_size;
   bool operator==(const AlgoKey& o) const { return std::memcmp(this, &o, sizeof(AlgoKey)) == 0; }
 };
-static_assert(sizeof(AlgoKey) == 14 * 4 + 4 * 8, "AlgoKey must have no padding");
+static_assert(sizeof(AlgoKey) == 16 * 4 + 4 * 8, "AlgoKey must have no padding");
 
 struct AlgoKeyHash {
   size_t operator()(const AlgoKey& key) const {
@@ -86,7 +91,7 @@ struct AlgoKeyHash {
   }
 };
 
-// Destroys cuBLASLt descriptors at scope exit, also when a check throws.
+// Destroys a cuBLASLt preference at scope exit, also when a check throws.
 template <class T, cublasStatus_t (*Destroy)(T)>
 struct Owned {
   T value = nullptr;
@@ -94,11 +99,7 @@ struct Owned {
     if (value) Destroy(value);
   }
 };
-cublasStatus_t destroy_desc(cublasLtMatmulDesc_t d) { return cublaslt_api().desc_destroy(d); }
-cublasStatus_t destroy_layout(cublasLtMatrixLayout_t l) { return cublaslt_api().layout_destroy(l); }
 cublasStatus_t destroy_pref(cublasLtMatmulPreference_t p) { return cublaslt_api().pref_destroy(p); }
-using OwnedDesc = Owned<cublasLtMatmulDesc_t, destroy_desc>;
-using OwnedLayout = Owned<cublasLtMatrixLayout_t, destroy_layout>;
 using OwnedPref = Owned<cublasLtMatmulPreference_t, destroy_pref>;
 
 template <class T>
@@ -156,6 +157,140 @@ cublasLtMatmulAlgo_t pick_algo(const CublasLtApi& api, cublasLtHandle_t handle, 
   return result.algo;
 }
 
+// The cuBLASLt handle of `device` for this thread: handle_for's, remembered without its mutex.
+cublasLtHandle_t thread_handle_for(int device) {
+  constexpr int kMaxDevices = 64;
+  thread_local std::array<cublasLtHandle_t, kMaxDevices> handles{};
+  if (device >= 0 && device < kMaxDevices && handles[device]) return handles[device];
+  const cublasLtHandle_t handle = handle_for(device);  // checks the index
+  handles[device] = handle;
+  return handle;
+}
+
+AlgoKey algo_key(const GemmParams& p, int device, size_t workspace_size) {
+  AlgoKey key{};
+  key.device = device;
+  key.a_dtype = p.a.dtype;
+  key.b_dtype = p.b.dtype;
+  key.d_dtype = p.d_dtype;
+  key.bias_dtype = p.bias ? p.bias_dtype : p.bias_grad ? p.bias_grad_dtype : -1;
+  key.aux_dtype = p.aux ? p.aux_dtype : -1;
+  key.transa = p.a.trans;
+  key.transb = p.b.trans;
+  key.epilogue = p.epilogue;
+  key.fast_accum = is_fp8(p.a.dtype) && !p.split_accumulator;
+  key.beta_nonzero = p.beta != 0.0f;
+  key.align_a = alignment_of(p.a.data);
+  key.align_b = alignment_of(p.b.data);
+  key.align_d = alignment_of(p.d);
+  key.has_d_amax = is_fp8(p.d_dtype) && p.d_amax != nullptr;
+  key.m = p.m;
+  key.n = p.n;
+  key.k = p.k;
+  key.workspace_size = workspace_size;
+  return key;
+}
+
+// Everything of one matmul that depends only on its AlgoKey: the descriptor with its
+// non-pointer attributes, the four layouts and the algorithm (picked by the first call,
+// once the descriptor has its pointers, as the heuristic always saw it). Building these
+// took more host time than the launch itself for small GEMMs, so they are made once per
+// key; a call only sets the pointer attributes (scales, bias, aux, amax) before the matmul.
+// cublasLtMatmul reads the descriptor when it is called, so changing the pointers for
+// the next call cannot affect a matmul already queued (nor one captured in a graph).
+struct MatmulPlan {
+  const CublasLtApi* api = nullptr;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool has_algo = false;
+
+  MatmulPlan() = default;
+  MatmulPlan(const MatmulPlan&) = delete;
+  MatmulPlan& operator=(const MatmulPlan&) = delete;
+  ~MatmulPlan() {
+    for (cublasLtMatrixLayout_t layout : {a, b, c, d}) {
+      if (layout) api->layout_destroy(layout);
+    }
+    if (desc) api->desc_destroy(desc);
+  }
+};
+
+std::unique_ptr<MatmulPlan> make_plan(const CublasLtApi& api, const GemmParams& p) {
+  auto plan = std::make_unique<MatmulPlan>();
+  plan->api = &api;  // the loaded library stays for the process
+  cublas_check(api.desc_create(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  const cublasLtMatmulDesc_t desc = plan->desc;
+  const cublasOperation_t ta = p.a.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t tb = p.b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  set_desc(api, desc, CUBLASLT_MATMUL_DESC_TRANSA, ta, "set TRANSA");
+  set_desc(api, desc, CUBLASLT_MATMUL_DESC_TRANSB, tb, "set TRANSB");
+  set_desc(api, desc, CUBLASLT_MATMUL_DESC_EPILOGUE, cublas_epilogue(p.epilogue), "set EPILOGUE");
+  if (is_fp8(p.a.dtype)) {
+    // split accumulator = cuBLASLt's precise mode; fast accumulation skips the promotions
+    const int8_t fast_accum = p.split_accumulator ? 0 : 1;
+    set_desc(api, desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast_accum, "set FAST_ACCUM");
+  }
+  if (p.bias || p.bias_grad) {
+    const int32_t bias_type = cuda_dtype(p.bias ? p.bias_dtype : p.bias_grad_dtype);
+    set_desc(api, desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type, "set BIAS_DATA_TYPE");
+  }
+  if (p.aux) {
+    const int64_t aux_ld = p.n;  // aux is [m, n] row-major: n x m column-major
+    set_desc(api, desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, aux_ld, "set EPILOGUE_AUX_LD");
+    const int32_t aux_type = cuda_dtype(p.aux_dtype);
+    set_desc(api, desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, aux_type, "set EPILOGUE_AUX_DATA_TYPE");
+  }
+
+  // Column-major views of the row-major storage (see the top of this file).
+  const int64_t a_rows = p.a.trans ? p.k : p.n, a_cols = p.a.trans ? p.n : p.k;
+  const int64_t b_rows = p.b.trans ? p.m : p.k, b_cols = p.b.trans ? p.k : p.m;
+  cublas_check(api.layout_create(&plan->a, cuda_dtype(p.a.dtype), a_rows, a_cols, a_rows), "layout A");
+  cublas_check(api.layout_create(&plan->b, cuda_dtype(p.b.dtype), b_rows, b_cols, b_rows), "layout B");
+  cublas_check(api.layout_create(&plan->d, cuda_dtype(p.d_dtype), p.n, p.m, p.n), "layout D");
+  // C is D (beta accumulates in place). An FP8 D takes a bf16 C type, which
+  // cuBLASLt requires there, and no C pointer: beta is 0, so C is never read, and
+  // C may alias D only when their layouts match.
+  const cudaDataType_t c_type = is_fp8(p.d_dtype) ? CUDA_R_16BF : cuda_dtype(p.d_dtype);
+  cublas_check(api.layout_create(&plan->c, c_type, p.n, p.m, p.n), "layout C");
+  return plan;
+}
+
+// This thread's plans, the most recently used first, at most kMaxPlans (the least
+// recently used is destroyed beyond that). Per thread, so neither a lock nor a race on
+// the pointer attributes set per call; the algorithms are still found once per process
+// (pick_algo's shared cache).
+class PlanCache {
+ public:
+  static constexpr size_t kMaxPlans = 64;
+
+  MatmulPlan& get(const CublasLtApi& api, const AlgoKey& key, const GemmParams& p) {
+    auto it = index_.find(key);
+    if (it != index_.end()) {
+      if (it->second != plans_.begin()) plans_.splice(plans_.begin(), plans_, it->second);
+      return *it->second->second;
+    }
+    std::unique_ptr<MatmulPlan> plan = make_plan(api, p);  // throws before anything is stored
+    if (plans_.size() >= kMaxPlans) {
+      index_.erase(plans_.back().first);
+      plans_.pop_back();
+    }
+    plans_.emplace_front(key, std::move(plan));
+    index_.emplace(key, plans_.begin());
+    return *plans_.front().second;
+  }
+
+ private:
+  using Entry = std::pair<AlgoKey, std::unique_ptr<MatmulPlan>>;
+  std::list<Entry> plans_;
+  std::unordered_map<AlgoKey, std::list<Entry>::iterator, AlgoKeyHash> index_;
+};
+
+MatmulPlan& thread_plan_for(const CublasLtApi& api, const AlgoKey& key, const GemmParams& p) {
+  thread_local PlanCache cache;
+  return cache.get(api, key, p);
+}
+
 }  // namespace
 
 void gemm_cuda(const GemmParams& p, int device, void* workspace, size_t workspace_size, void* stream) {
@@ -174,81 +309,32 @@ void gemm_cuda(const GemmParams& p, int device, void* workspace, size_t workspac
     return;
   }
   const CublasLtApi& api = cublaslt_api();
-  const cublasLtHandle_t handle = handle_for(device);
-  const bool fp8 = is_fp8(p.a.dtype);
-  const bool fp8_out = is_fp8(p.d_dtype);
+  const cublasLtHandle_t handle = thread_handle_for(device);
+  const AlgoKey key = algo_key(p, device, workspace_size);
+  MatmulPlan& plan = thread_plan_for(api, key, p);
 
-  OwnedDesc desc;
-  cublas_check(api.desc_create(&desc.value, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
-  const cublasOperation_t ta = p.a.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t tb = p.b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
-  set_desc(api, desc.value, CUBLASLT_MATMUL_DESC_TRANSA, ta, "set TRANSA");
-  set_desc(api, desc.value, CUBLASLT_MATMUL_DESC_TRANSB, tb, "set TRANSB");
-  set_desc(api, desc.value, CUBLASLT_MATMUL_DESC_EPILOGUE, cublas_epilogue(p.epilogue), "set EPILOGUE");
-  if (fp8) {
-    // split accumulator = cuBLASLt's precise mode; fast accumulation skips the promotions
-    const int8_t fast_accum = p.split_accumulator ? 0 : 1;
-    set_desc(api, desc.value, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast_accum, "set FAST_ACCUM");
-    set_desc(api, desc.value, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p.a.scale_inv, "set A_SCALE_POINTER");
-    set_desc(api, desc.value, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.b.scale_inv, "set B_SCALE_POINTER");
+  // The per-call pointers; everything else in the descriptor belongs to the key.
+  if (is_fp8(p.a.dtype)) {
+    set_desc(api, plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p.a.scale_inv, "set A_SCALE_POINTER");
+    set_desc(api, plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.b.scale_inv, "set B_SCALE_POINTER");
   }
+  const bool fp8_out = is_fp8(p.d_dtype);
   if (fp8_out) {
-    set_desc(api, desc.value, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, p.d_scale, "set D_SCALE_POINTER");
-    if (p.d_amax) set_desc(api, desc.value, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, p.d_amax, "set AMAX_D_POINTER");
+    set_desc(api, plan.desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, p.d_scale, "set D_SCALE_POINTER");
+    if (p.d_amax) set_desc(api, plan.desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, p.d_amax, "set AMAX_D_POINTER");
   }
   const void* bias_or_grad = p.bias ? p.bias : p.bias_grad;
-  if (bias_or_grad) {
-    set_desc(api, desc.value, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_or_grad, "set BIAS_POINTER");
-    const int32_t bias_type = cuda_dtype(p.bias ? p.bias_dtype : p.bias_grad_dtype);
-    set_desc(api, desc.value, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type, "set BIAS_DATA_TYPE");
-  }
-  if (p.aux) {
-    set_desc(api, desc.value, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.aux, "set EPILOGUE_AUX_POINTER");
-    const int64_t aux_ld = p.n;  // aux is [m, n] row-major: n x m column-major
-    set_desc(api, desc.value, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, aux_ld, "set EPILOGUE_AUX_LD");
-    const int32_t aux_type = cuda_dtype(p.aux_dtype);
-    set_desc(api, desc.value, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, aux_type, "set EPILOGUE_AUX_DATA_TYPE");
-  }
+  if (bias_or_grad) set_desc(api, plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_or_grad, "set BIAS_POINTER");
+  if (p.aux) set_desc(api, plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.aux, "set EPILOGUE_AUX_POINTER");
 
-  // Column-major views of the row-major storage (see the top of this file).
-  const int64_t a_rows = p.a.trans ? p.k : p.n, a_cols = p.a.trans ? p.n : p.k;
-  const int64_t b_rows = p.b.trans ? p.m : p.k, b_cols = p.b.trans ? p.k : p.m;
-  OwnedLayout a_layout, b_layout, c_layout, d_layout;
-  cublas_check(api.layout_create(&a_layout.value, cuda_dtype(p.a.dtype), a_rows, a_cols, a_rows), "layout A");
-  cublas_check(api.layout_create(&b_layout.value, cuda_dtype(p.b.dtype), b_rows, b_cols, b_rows), "layout B");
-  cublas_check(api.layout_create(&d_layout.value, cuda_dtype(p.d_dtype), p.n, p.m, p.n), "layout D");
-  // C is D (beta accumulates in place). An FP8 D takes a bf16 C type, which
-  // cuBLASLt requires there, and no C pointer: beta is 0, so C is never read, and
-  // C may alias D only when their layouts match.
-  const cudaDataType_t c_type = fp8_out ? CUDA_R_16BF : cuda_dtype(p.d_dtype);
+  if (!plan.has_algo) {  // a failed pick leaves the plan without one: the next call asks again
+    plan.algo = pick_algo(api, handle, key, plan.desc, plan.a, plan.b, plan.c, plan.d, p);
+    plan.has_algo = true;
+  }
+  // An FP8 D has no C pointer (see make_plan).
   const void* c_data = fp8_out ? nullptr : p.d;
-  cublas_check(api.layout_create(&c_layout.value, c_type, p.n, p.m, p.n), "layout C");
-
-  AlgoKey key{};
-  key.device = device;
-  key.a_dtype = p.a.dtype;
-  key.b_dtype = p.b.dtype;
-  key.d_dtype = p.d_dtype;
-  key.bias_dtype = p.bias ? p.bias_dtype : p.bias_grad ? p.bias_grad_dtype : -1;
-  key.aux_dtype = p.aux ? p.aux_dtype : -1;
-  key.transa = p.a.trans;
-  key.transb = p.b.trans;
-  key.epilogue = p.epilogue;
-  key.fast_accum = fp8 && !p.split_accumulator;
-  key.beta_nonzero = p.beta != 0.0f;
-  key.align_a = alignment_of(p.a.data);
-  key.align_b = alignment_of(p.b.data);
-  key.align_d = alignment_of(p.d);
-  key.m = p.m;
-  key.n = p.n;
-  key.k = p.k;
-  key.workspace_size = workspace_size;
-  const cublasLtMatmulAlgo_t algo =
-      pick_algo(api, handle, key, desc.value, a_layout.value, b_layout.value, c_layout.value, d_layout.value, p);
-
-  cublas_check_problem(api.matmul(handle, desc.value, &p.alpha, p.a.data, a_layout.value, p.b.data, b_layout.value,
-                                  &p.beta, c_data, c_layout.value, p.d, d_layout.value, &algo, workspace,
-                                  workspace_size, s),
+  cublas_check_problem(api.matmul(handle, plan.desc, &p.alpha, p.a.data, plan.a, p.b.data, plan.b, &p.beta, c_data,
+                                  plan.c, p.d, plan.d, &plan.algo, workspace, workspace_size, s),
                        "cublasLtMatmul", p);
 }
 

@@ -111,13 +111,27 @@ def _fp8_desc(rows: int, cols: int, fp8_dtype: DType, data, data_t, scale: int, 
                         scale, scale_inv.data_ptr(), amax, _PER_TENSOR)
 
 
-def _scratch(size: int, device: torch.device) -> Tuple[Optional[torch.Tensor], int]:
-    """A workspace of ``size`` bytes (None and 0 when the op needs none, as on the CPU). The
-    caller keeps it referenced until the op is queued; the caching allocator then orders
-    any reuse of the memory after it on the stream."""
+# (device index, stream) -> the op workspace kept for that stream (the largest asked for).
+_STREAM_SCRATCH: Dict[Tuple[int, int], torch.Tensor] = {}
+
+
+def _scratch(size: int, dev: CoreDevice, device: torch.device) -> Tuple[Optional[torch.Tensor], int]:
+    """A workspace of ``size`` bytes for one op (None and 0 when the op needs none, as on
+    the CPU). Ops use their workspace only while they run, and the ops of one stream run
+    one after another, so each stream keeps one buffer for all of them instead of an
+    allocation per op. Not while a CUDA graph is captured (a graph may be replayed on
+    another stream): then a fresh allocation from the graph's pool, which the caller keeps
+    referenced until the op is queued."""
     if not size:
         return None, 0
-    ws = torch.empty(size, dtype=_U8, device=device)
+    if torch.cuda.is_current_stream_capturing():
+        ws = torch.empty(size, dtype=_U8, device=device)
+        return ws, ws.data_ptr()
+    key = (dev.index, dev.stream)
+    ws = _STREAM_SCRATCH.get(key)
+    if ws is None or ws.numel() < size:
+        # Allocated on this stream: the caching allocator orders a reuse of the old one after it.
+        ws = _STREAM_SCRATCH[key] = torch.empty(size, dtype=_U8, device=device)
     return ws, ws.data_ptr()
 
 
@@ -175,24 +189,53 @@ def dbias_quantize(dy: torch.Tensor, fp8_dtype: DType, scale: int, amax: int, ro
     data, data_t, scale_inv = _fp8_buffers(rows, cols, device, rowwise, columnwise)
     dbias = torch.empty(cols, dtype=dy.dtype, device=device)
     ws_size = _core.dbias_workspace_size(rows, cols, dev.type, dev.index)
-    ws, ws_ptr = _scratch(ws_size, device)
+    ws, ws_ptr = _scratch(ws_size, dev, device)
     _core.dbias_cast_transpose(_float_desc(dy, dev, "grad"),
                                _fp8_desc(rows, cols, fp8_dtype, data, data_t, scale, scale_inv, amax, dev),
                                _float_desc(dbias, dev, "dbias"), ws_ptr, ws_size, dev.stream)
     return dbias, _f8.Float8TensorBase.wrap(data, data_t, scale_inv, fp8_dtype)
 
 
+class _GemmDesc:
+    """An FP8 storage's GEMM descriptor with what it was built from. Copies of the storage
+    (copy.deepcopy of a module holding FP8 weights, pickling) get an empty one: the
+    descriptor holds addresses and cannot be copied."""
+
+    __slots__ = ("key", "desc", "rows", "cols")
+
+    def __init__(self, key=None, desc=None, rows=0, cols=0):
+        self.key, self.desc, self.rows, self.cols = key, desc, rows, cols
+
+    def __reduce__(self):
+        return _GemmDesc, ()
+
+
 def _gemm_operand(t, dev: CoreDevice, name: str) -> Tuple[_core.Tensor, int, int]:
     """(descriptor, rows, cols) of a 2-D GEMM operand: a float tensor or FP8 storage (both
     layouts passed; the core reads the one its layout needs)."""
     if isinstance(t, _f8.Float8TensorBase):
-        data, data_t = t._data, t._transpose
+        data, data_t, scale_inv, fp8_dtype = t._data, t._transpose, t._scale_inv, t._fp8_dtype
+        # Each FP8 operand of a training step feeds two GEMMs (x: fprop and wgrad, W: fprop
+        # and dgrad, dy: dgrad and wgrad): the first builds the descriptor, the second
+        # reuses it while the storage holds the same tensors (held, so none can be freed
+        # and another take its id). Only for the plain storage the modules' casts make: a
+        # Float8Tensor parameter's buffers may be re-pointed in place (FSDP resizes
+        # parameter storage), which an identity check cannot see.
+        plain = type(t) is _f8.Float8TensorBase
+        cached = t.__dict__.get("_gemm_desc") if plain else None
+        if cached is not None:
+            key = cached.key
+            if (key is not None and key[0] is data and key[1] is data_t and key[2] is scale_inv
+                    and key[3] == fp8_dtype and key[4] == dev.index and key[5] == dev.type):
+                return cached.desc, cached.rows, cached.cols
         if data is not None:
             rows, cols = data.shape
         else:
             cols, rows = data_t.shape
-        desc = _core.Tensor(dev.type, dev.index, int(t._fp8_dtype), (rows, cols), _address(data), _address(data_t),
-                            0, t._scale_inv.data_ptr(), 0, _PER_TENSOR)
+        desc = _core.Tensor(dev.type, dev.index, int(fp8_dtype), (rows, cols), _address(data), _address(data_t),
+                            0, scale_inv.data_ptr(), 0, _PER_TENSOR)
+        if plain:
+            t._gemm_desc = _GemmDesc((data, data_t, scale_inv, fp8_dtype, dev.index, dev.type), desc, rows, cols)
         return desc, rows, cols
     rows, cols = t.shape
     return _float_desc(t, dev, name), rows, cols
@@ -247,7 +290,7 @@ def norm_forward(layernorm: bool, x: torch.Tensor, weight: torch.Tensor, bias: O
     mu = torch.empty(rows, dtype=_F32, device=device) if layernorm else None
     rsigma = torch.empty(rows, dtype=_F32, device=device)
     ws_size = _core.norm_workspace_size(rows, hidden, dev.type, dev.index)
-    ws, ws_ptr = _scratch(ws_size, device)
+    ws, ws_ptr = _scratch(ws_size, dev, device)
     if layernorm:
         _core.layernorm_fwd(x_desc, _float_desc(weight, dev, "weight"), _float_desc(bias, dev, "bias"), float(eps),
                             bool(zero_centered_gamma), out_desc, _float_desc(mu, dev, "mu"),
@@ -267,7 +310,7 @@ def norm_backward(layernorm: bool, dz: torch.Tensor, x: torch.Tensor, mu: Option
     dgamma = torch.empty(hidden, dtype=gamma.dtype, device=device)
     dbeta = torch.empty(hidden, dtype=gamma.dtype, device=device) if layernorm else None
     ws_size = _core.norm_workspace_size(rows, hidden, dev.type, dev.index)
-    ws, ws_ptr = _scratch(ws_size, device)
+    ws, ws_ptr = _scratch(ws_size, dev, device)
     dz_desc, x_desc = _float_desc(dz, dev, "dz"), _float_desc(x, dev, "x")
     rsigma_desc, gamma_desc = _float_desc(rsigma, dev, "rsigma"), _float_desc(gamma, dev, "gamma")
     dx_desc, dgamma_desc = _float_desc(dx, dev, "dx"), _float_desc(dgamma, dev, "dgamma")
@@ -311,7 +354,7 @@ def dact_dbias_quantize(kind: int, grad: torch.Tensor, x: torch.Tensor, fp8: Fp8
         dbias = torch.empty(cols, dtype=x.dtype, device=device)
         dbias_desc = _float_desc(dbias, dev, "dbias")
         ws_size = _core.dbias_workspace_size(rows, cols, dev.type, dev.index)
-        ws, ws_ptr = _scratch(ws_size, device)
+        ws, ws_ptr = _scratch(ws_size, dev, device)
     _core.dact_dbias_cast_transpose(kind, _float_desc(grad, dev, "grad"), _float_desc(x, dev, "fwd_input"), dx_desc,
                                     dbias_desc, ws_ptr, ws_size, dev.stream)
     return dbias, dx

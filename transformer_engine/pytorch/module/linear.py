@@ -217,30 +217,28 @@ class _LinearFunction(torch.autograd.Function):
         need_wgrad, need_dgrad = weight.requires_grad, inp.requires_grad
         out, saved_x, saved_w = linear_gemm_forward(module, step, x, weight, b, dtype, is_first_microbatch,
                                                     need_wgrad, need_dgrad, dev)
-        ctx.saved = (saved_x, saved_w)
-        ctx.weight, ctx.step, ctx.dtype = weight, step, dtype
-        ctx.inp_shape, ctx.inp_dtype = inp.shape, inp.dtype
-        ctx.bias_dtype = bias.dtype if bias is not None else None
-        ctx.fuse_wgrad_accumulation = module.fuse_wgrad_accumulation
-        ctx.needs = (need_wgrad, need_dgrad)
+        # One ctx attribute: each costs a dict store here and a load in the backward.
+        ctx.state = (saved_x, saved_w, weight, step, dtype, inp.shape, inp.dtype,
+                     bias.dtype if bias is not None else None, module.fuse_wgrad_accumulation, need_wgrad, need_dgrad)
         if inp.dim() == 2:
             return out
         return out.view(*inp.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad_out):
-        (saved_x, saved_w), ctx.saved = ctx.saved, None
-        weight = ctx.weight
+        (saved_x, saved_w, weight, step, dtype, inp_shape, inp_dtype, bias_dtype, fuse_wgrad_accumulation,
+         need_wgrad, need_dgrad), ctx.state = ctx.state, None  # the saved tensors go with the step
         dev = core_device(grad_out)  # the stream of the backward, which may differ from the forward's
-        dy = to_2d(grad_out, weight.shape[0], ctx.dtype)
-        want_dbias = ctx.bias_dtype is not None and ctx.needs_input_grad[2]
-        dx, dw, dbias = linear_gemm_backward(ctx.step, dy, saved_x, saved_w, weight, ctx.dtype, *ctx.needs,
-                                             ctx.fuse_wgrad_accumulation, dev, want_dbias=want_dbias)
-        dbias = dbias.to(ctx.bias_dtype) if dbias is not None else None
-        finish_backward(ctx.step)
+        dy = to_2d(grad_out, weight.shape[0], dtype)
+        want_dbias = bias_dtype is not None and ctx.needs_input_grad[2]
+        dx, dw, dbias = linear_gemm_backward(step, dy, saved_x, saved_w, weight, dtype, need_wgrad, need_dgrad,
+                                             fuse_wgrad_accumulation, dev, want_dbias=want_dbias)
+        if dbias is not None and dbias.dtype != bias_dtype:
+            dbias = dbias.to(bias_dtype)
+        finish_backward(step)
         if dx is not None:
-            dx = to_shape(dx, ctx.inp_shape)
-            dx = dx.to(ctx.inp_dtype) if dx.dtype != ctx.inp_dtype else dx
+            dx = to_shape(dx, inp_shape)
+            dx = dx.to(inp_dtype) if dx.dtype != inp_dtype else dx
         return dw, dx, dbias, None, None, None, None
 
 

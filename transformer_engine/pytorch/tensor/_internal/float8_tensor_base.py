@@ -136,6 +136,9 @@ class Float8TensorBase:
             self._data = None
         if not want_columnwise:
             self._transpose = None
+        # module_ops' cached GEMM descriptor holds the layouts it was built from: let a
+        # dropped one go now.
+        self.__dict__.pop("_gemm_desc", None)
 
     def get_metadata(self) -> dict[str, Any]:
         """The constructor keywords of a tensor sharing this one's buffers."""
