@@ -35,12 +35,12 @@ te_attn_strides strides_from(const std::vector<int64_t>& flat, const char* name)
 
 te_fused_attn_config config_from(int32_t mask_type, int32_t bias_type, int64_t window_left, int64_t window_right,
                                  float softmax_scale, float dropout, bool deterministic) {
-  return te_fused_attn_config{mask_type, bias_type, window_left, window_right, softmax_scale, dropout,
-                              deterministic ? 1 : 0};
+  return te_fused_attn_config{mask_type,     bias_type, window_left,          window_right,
+                              softmax_scale, dropout,   deterministic ? 1 : 0};
 }
 
-#define OPENTE_CONFIG_ARGS                                                                            \
-  nb::arg("mask_type"), nb::arg("bias_type"), nb::arg("window_left"), nb::arg("window_right"),        \
+#define OPENTE_CONFIG_ARGS                                                                     \
+  nb::arg("mask_type"), nb::arg("bias_type"), nb::arg("window_left"), nb::arg("window_right"), \
       nb::arg("softmax_scale"), nb::arg("dropout"), nb::arg("deterministic")
 
 }  // namespace
@@ -59,8 +59,9 @@ void bind_fused_attn(nb::module_& m) {
       .value("POST_SCALE_BIAS", TE_ATTN_BIAS_POST_SCALE)
       .value("ALIBI", TE_ATTN_BIAS_ALIBI);
 
-  m.def("cudnn_frontend_version", [] { return te_cudnn_frontend_version(); },
-        "The cudnn-frontend version this build has (e.g. 13200), 0 without cuDNN fused attention");
+  m.def(
+      "cudnn_frontend_version", [] { return te_cudnn_frontend_version(); },
+      "The cudnn-frontend version this build has (e.g. 13200), 0 without cuDNN fused attention");
   m.def(
       "cudnn_version",
       [] {
@@ -86,9 +87,9 @@ void bind_fused_attn(nb::module_& m) {
         });
         return size;
       },
-      OPENTE_CONFIG_ARGS, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("bias").none(),
-      nb::arg("seqlens_q").none(), nb::arg("seqlens_kv").none(), nb::arg("rng_state").none(), nb::arg("o"),
-      nb::arg("stats").none(), nb::arg("strides"));
+      OPENTE_CONFIG_ARGS, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("bias").none(), nb::arg("seqlens_q").none(),
+      nb::arg("seqlens_kv").none(), nb::arg("rng_state").none(), nb::arg("o"), nb::arg("stats").none(),
+      nb::arg("strides"));
 
   m.def(
       "fused_attn_fwd",
@@ -105,10 +106,9 @@ void bind_fused_attn(nb::module_& m) {
                                    as_ptr<void>(workspace), workspace_size, as_ptr<void>(stream));
         });
       },
-      OPENTE_CONFIG_ARGS, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("bias").none(),
-      nb::arg("seqlens_q").none(), nb::arg("seqlens_kv").none(), nb::arg("rng_state").none(), nb::arg("o"),
-      nb::arg("stats").none(), nb::arg("strides"), nb::arg("workspace") = 0, nb::arg("workspace_size") = 0,
-      nb::arg("stream") = 0);
+      OPENTE_CONFIG_ARGS, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("bias").none(), nb::arg("seqlens_q").none(),
+      nb::arg("seqlens_kv").none(), nb::arg("rng_state").none(), nb::arg("o"), nb::arg("stats").none(),
+      nb::arg("strides"), nb::arg("workspace") = 0, nb::arg("workspace_size") = 0, nb::arg("stream") = 0);
 
   m.def(
       "fused_attn_bwd_workspace_size",
@@ -154,6 +154,6 @@ void bind_fused_attn(nb::module_& m) {
       },
       OPENTE_CONFIG_ARGS, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("d_o"), nb::arg("stats"),
       nb::arg("bias").none(), nb::arg("seqlens_q").none(), nb::arg("seqlens_kv").none(), nb::arg("rng_state").none(),
-      nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("dbias").none(), nb::arg("strides"),
-      nb::arg("grad_strides"), nb::arg("workspace") = 0, nb::arg("workspace_size") = 0, nb::arg("stream") = 0);
+      nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("dbias").none(), nb::arg("strides"), nb::arg("grad_strides"),
+      nb::arg("workspace") = 0, nb::arg("workspace_size") = 0, nb::arg("stream") = 0);
 }

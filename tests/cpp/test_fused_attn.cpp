@@ -11,8 +11,8 @@
 namespace {
 
 using namespace tt;
-using opente::SdpaBand;
 using opente::sdpa_band;
+using opente::SdpaBand;
 
 const te_status INV = TE_ERROR_INVALID_ARGUMENT;
 const te_status NIMP = TE_ERROR_NOT_IMPLEMENTED;
@@ -50,14 +50,23 @@ struct Call {
   te_tensor q, k, v, o, d_o, dq, dk, dv, stats, bias, dbias, seqlens_q, seqlens_kv, rng_state;
   te_attn_strides strides{}, grad_strides{};
   const te_fused_attn_config* config_ptr = &config;
-  const te_tensor *bias_ptr = nullptr, *dbias_ptr = nullptr, *sq_ptr = nullptr, *skv_ptr = nullptr,
-                  *rng_ptr = nullptr, *stats_ptr = &stats;
+  const te_tensor *bias_ptr = nullptr, *dbias_ptr = nullptr, *sq_ptr = nullptr, *skv_ptr = nullptr, *rng_ptr = nullptr,
+                  *stats_ptr = &stats;
   const te_attn_strides *strides_ptr = &strides, *grad_strides_ptr = &grad_strides;
 
   Call()
-      : qd(b * sq * h * d), kd(b * skv * hg * d), vd(b * skv * hg * d), od(b * sq * h * d), dod(b * sq * h * d),
-        dqd(b * sq * h * d), dkd(b * skv * hg * d), dvd(b * skv * hg * d), biasd(b * h * sq * skv),
-        dbiasd(b * h * sq * skv), statsd(b * h * sq), lens(b, 5) {
+      : qd(b * sq * h * d),
+        kd(b * skv * hg * d),
+        vd(b * skv * hg * d),
+        od(b * sq * h * d),
+        dod(b * sq * h * d),
+        dqd(b * sq * h * d),
+        dkd(b * skv * hg * d),
+        dvd(b * skv * hg * d),
+        biasd(b * h * sq * skv),
+        dbiasd(b * h * sq * skv),
+        statsd(b * h * sq),
+        lens(b, 5) {
     q = make_tensor(TE_DTYPE_BFLOAT16, {b, h, sq, d}, qd.data());
     k = make_tensor(TE_DTYPE_BFLOAT16, {b, hg, skv, d}, kd.data());
     v = make_tensor(TE_DTYPE_BFLOAT16, {b, hg, skv, d}, vd.data());

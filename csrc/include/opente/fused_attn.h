@@ -131,8 +131,8 @@ te_status te_cudnn_version(int64_t* version);
  * run fails here with TE_ERROR_NOT_IMPLEMENTED. */
 te_status te_fused_attn_fwd_workspace_size(const te_fused_attn_config* config, const te_tensor* q, const te_tensor* k,
                                            const te_tensor* v, const te_tensor* bias, const te_tensor* seqlens_q,
-                                           const te_tensor* seqlens_kv, const te_tensor* rng_state,
-                                           const te_tensor* o, const te_tensor* stats, const te_attn_strides* strides,
+                                           const te_tensor* seqlens_kv, const te_tensor* rng_state, const te_tensor* o,
+                                           const te_tensor* stats, const te_attn_strides* strides,
                                            size_t* workspace_size);
 
 /* The forward. bias, seqlens_q / seqlens_kv, rng_state: NULL unless the bias type,
@@ -148,10 +148,10 @@ te_status te_fused_attn_fwd(const te_fused_attn_config* config, const te_tensor*
 te_status te_fused_attn_bwd_workspace_size(const te_fused_attn_config* config, const te_tensor* q, const te_tensor* k,
                                            const te_tensor* v, const te_tensor* o, const te_tensor* d_o,
                                            const te_tensor* stats, const te_tensor* bias, const te_tensor* seqlens_q,
-                                           const te_tensor* seqlens_kv, const te_tensor* rng_state,
-                                           const te_tensor* dq, const te_tensor* dk, const te_tensor* dv,
-                                           const te_tensor* dbias, const te_attn_strides* strides,
-                                           const te_attn_strides* grad_strides, size_t* workspace_size);
+                                           const te_tensor* seqlens_kv, const te_tensor* rng_state, const te_tensor* dq,
+                                           const te_tensor* dk, const te_tensor* dv, const te_tensor* dbias,
+                                           const te_attn_strides* strides, const te_attn_strides* grad_strides,
+                                           size_t* workspace_size);
 
 /* The backward, with the forward's config, inputs, o and stats. d_o: o's shape and
  * dtype (strides in grad_strides->o). Writes dq, dk, dv (q's, k's and v's shapes,
@@ -160,9 +160,8 @@ te_status te_fused_attn_bwd(const te_fused_attn_config* config, const te_tensor*
                             const te_tensor* v, const te_tensor* o, const te_tensor* d_o, const te_tensor* stats,
                             const te_tensor* bias, const te_tensor* seqlens_q, const te_tensor* seqlens_kv,
                             const te_tensor* rng_state, const te_tensor* dq, const te_tensor* dk, const te_tensor* dv,
-                            const te_tensor* dbias, const te_attn_strides* strides,
-                            const te_attn_strides* grad_strides, void* workspace, size_t workspace_size,
-                            void* stream);
+                            const te_tensor* dbias, const te_attn_strides* strides, const te_attn_strides* grad_strides,
+                            void* workspace, size_t workspace_size, void* stream);
 
 #ifdef __cplusplus
 }

@@ -194,15 +194,14 @@ void fill_common(SdpaParams& p, const te_fused_attn_config* config, const te_ten
   p.v = checked_operand(v_desc, "v", strides->v, "strides.v", &q, v_shape, "[b, hg, skv, dv]", false, need_data);
   p.head_dim_v = p.v.dims[3];
   const int64_t o_shape[4] = {p.b, p.h, p.sq, p.head_dim_v};
-  p.o = checked_operand(o_desc, "o", strides->o, "strides.o", &q, o_shape, "[b, h, sq, dv]", !p.backward,
-                        need_data);
+  p.o = checked_operand(o_desc, "o", strides->o, "strides.o", &q, o_shape, "[b, h, sq, dv]", !p.backward, need_data);
   p.dtype = te_dtype(q.dtype);
   p.device = q.device.index;
 
   OPENTE_CHECK_ARG(p.hg >= 1 && p.h % p.hg == 0, "q heads h=", p.h, " must be a multiple of k / v heads hg=", p.hg);
   if (p.b == 0 || p.h == 0 || p.sq == 0 || p.skv == 0 || p.head_dim_qk == 0 || p.head_dim_v == 0) {
-    fail(TE_ERROR_NOT_IMPLEMENTED, concat("cuDNN attention takes no empty dims: q ", dims_string(p.q.dims), ", v ",
-                                          dims_string(p.v.dims)));
+    fail(TE_ERROR_NOT_IMPLEMENTED,
+         concat("cuDNN attention takes no empty dims: q ", dims_string(p.q.dims), ", v ", dims_string(p.v.dims)));
   }
   if (p.head_dim_qk % 8 != 0 || p.head_dim_v % 8 != 0 || p.head_dim_qk > 256 || p.head_dim_v > 256) {
     fail(TE_ERROR_NOT_IMPLEMENTED, concat("cuDNN attention needs head dims that are multiples of 8 and at most 256, ",
@@ -297,10 +296,10 @@ SdpaParams bwd_params(const te_fused_attn_config* config, const te_tensor* q, co
     OPENTE_CHECK_ARG(t.dtype == q_t.dtype, "dbias dtype must equal q dtype ", dtype_name(q_t.dtype), ", got ",
                      dtype_name(t.dtype));
     check_same_device(q_t.device, "q", t.device, "dbias");
-    OPENTE_CHECK_ARG(t.ndim == 4 && t.shape[0] == p.bias_b && t.shape[1] == p.bias_h && t.shape[2] == p.sq &&
-                         t.shape[3] == p.skv,
-                     "dbias shape must equal bias shape [", p.bias_b, ", ", p.bias_h, ", ", p.sq, ", ", p.skv,
-                     "], got ", shape_string(t));
+    OPENTE_CHECK_ARG(
+        t.ndim == 4 && t.shape[0] == p.bias_b && t.shape[1] == p.bias_h && t.shape[2] == p.sq && t.shape[3] == p.skv,
+        "dbias shape must equal bias shape [", p.bias_b, ", ", p.bias_h, ", ", p.sq, ", ", p.skv, "], got ",
+        shape_string(t));
     if (p.bias_b != 1 || p.bias_h != p.h) {
       fail(TE_ERROR_NOT_IMPLEMENTED, concat("cuDNN computes dbias for a bias of shape [1, h, sq, skv] only, got [",
                                             p.bias_b, ", ", p.bias_h, ", ", p.sq, ", ", p.skv, "]"));
@@ -391,16 +390,18 @@ extern "C" te_status te_fused_attn_fwd(const te_fused_attn_config* config, const
   });
 }
 
-extern "C" te_status te_fused_attn_bwd_workspace_size(
-    const te_fused_attn_config* config, const te_tensor* q, const te_tensor* k, const te_tensor* v, const te_tensor* o,
-    const te_tensor* d_o, const te_tensor* stats, const te_tensor* bias, const te_tensor* seqlens_q,
-    const te_tensor* seqlens_kv, const te_tensor* rng_state, const te_tensor* dq, const te_tensor* dk,
-    const te_tensor* dv, const te_tensor* dbias, const te_attn_strides* strides, const te_attn_strides* grad_strides,
-    size_t* workspace_size) {
+extern "C" te_status te_fused_attn_bwd_workspace_size(const te_fused_attn_config* config, const te_tensor* q,
+                                                      const te_tensor* k, const te_tensor* v, const te_tensor* o,
+                                                      const te_tensor* d_o, const te_tensor* stats,
+                                                      const te_tensor* bias, const te_tensor* seqlens_q,
+                                                      const te_tensor* seqlens_kv, const te_tensor* rng_state,
+                                                      const te_tensor* dq, const te_tensor* dk, const te_tensor* dv,
+                                                      const te_tensor* dbias, const te_attn_strides* strides,
+                                                      const te_attn_strides* grad_strides, size_t* workspace_size) {
   return run_op("te_fused_attn_bwd_workspace_size", [&] {
     OPENTE_CHECK_ARG(workspace_size != nullptr, "workspace_size must not be null");
-    const SdpaParams p = bwd_params(config, q, k, v, o, d_o, stats, bias, seqlens_q, seqlens_kv, rng_state, dq, dk,
-                                    dv, dbias, strides, grad_strides, false);
+    const SdpaParams p = bwd_params(config, q, k, v, o, d_o, stats, bias, seqlens_q, seqlens_kv, rng_state, dq, dk, dv,
+                                    dbias, strides, grad_strides, false);
     require_cudnn_device(q);
     *workspace_size = workspace_of(p);
   });

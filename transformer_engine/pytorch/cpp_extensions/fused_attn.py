@@ -144,6 +144,7 @@ def _check_inputs(q, k, v, q_format: str, kv_format: str) -> None:
                              f"shape {tuple(t.shape)}")
         if t.dtype not in (torch.float16, torch.bfloat16):
             raise TypeError(f"fused attention: {name} must be float16 or bfloat16, got {t.dtype}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
         if t.device.type != "cuda":
             raise ValueError(f"fused attention: {name} must be a CUDA tensor (cuDNN), got device {t.device}; the "
                              "unfused attention runs on the CPU")

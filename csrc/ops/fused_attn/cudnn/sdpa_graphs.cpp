@@ -64,12 +64,11 @@ struct GraphEntry {
 GraphKey graph_key(const SdpaParams& p) {
   uint32_t dropout_bits;
   memcpy(&dropout_bits, &p.dropout, sizeof(dropout_bits));
-  GraphKey key = {p.backward,        p.device,        p.dtype,           p.b,
-                  p.h,               p.hg,            p.sq,              p.skv,
-                  p.head_dim_qk,             p.head_dim_v,            p.band.has_left,   p.band.left_bound,
-                  p.band.has_right,  p.band.right_bound, p.band.bottom_right, p.padding,
-                  p.has_bias,        p.bias_b,        p.bias_h,          p.has_dbias,
-                  p.has_stats,       p.deterministic, int64_t(dropout_bits)};
+  GraphKey key = {p.backward, p.device, p.dtype, p.b, p.h, p.hg, p.sq, p.skv, p.head_dim_qk, p.head_dim_v};
+  const SdpaBand& band = p.band;
+  key.insert(key.end(), {band.has_left, band.left_bound, band.has_right, band.right_bound, band.bottom_right});
+  key.insert(key.end(), {p.padding, p.has_bias, p.bias_b, p.bias_h, p.has_dbias, p.has_stats, p.deterministic});
+  key.push_back(int64_t(dropout_bits));
   const AttnOperand* operands[] = {&p.q, &p.k, &p.v, &p.o, &p.d_o, &p.dq, &p.dk, &p.dv};
   for (const AttnOperand* op : operands) key.insert(key.end(), op->strides, op->strides + 4);
   return key;
@@ -202,8 +201,8 @@ GraphEntry build_entry(const SdpaParams& p, cudnnHandle_t handle) {
     status = g->build(handle, {fe::HeurMode_t::A});
     if (status.is_good()) status = g->get_workspace_size(entry.workspace);
   } catch (const std::exception& e) {
-    fail(TE_ERROR_CUDA, concat("cudnn-frontend failed building the attention graph (", describe_config(p),
-                               "): ", e.what()));
+    fail(TE_ERROR_CUDA,
+         concat("cudnn-frontend failed building the attention graph (", describe_config(p), "): ", e.what()));
   }
   if (status.is_good()) {
     entry.graph = std::move(g);
@@ -213,8 +212,8 @@ GraphEntry build_entry(const SdpaParams& p, cudnnHandle_t handle) {
     case fe::error_code_t::CUDA_API_FAILED:
     case fe::error_code_t::INVALID_CUDA_DEVICE:
     case fe::error_code_t::HANDLE_ERROR:
-      fail(TE_ERROR_CUDA, concat("cuDNN failed building the attention graph (", describe_config(p),
-                                 "): ", status.get_message()));
+      fail(TE_ERROR_CUDA,
+           concat("cuDNN failed building the attention graph (", describe_config(p), "): ", status.get_message()));
     default:
       entry.refusal = concat("cuDNN ", cudnn_runtime_version(), " cannot run this attention (", describe_config(p),
                              "): ", status.get_message());
@@ -282,8 +281,8 @@ void sdpa_run(const SdpaParams& p, void* workspace, size_t workspace_size, void*
   if (entry.workspace > 0) OPENTE_CHECK_ARG(workspace != nullptr, "workspace must not be null");
 
   float scale = p.softmax_scale;  // passed by value: read by the launch below
-  std::unordered_map<int64_t, void*> pack = {{kQ, p.q.data}, {kK, p.k.data}, {kV, p.v.data}, {kO, p.o.data},
-                                             {kScale, &scale}};
+  std::unordered_map<int64_t, void*> pack = {
+      {kQ, p.q.data}, {kK, p.k.data}, {kV, p.v.data}, {kO, p.o.data}, {kScale, &scale}};
   if (p.has_stats) pack[kStats] = p.stats;
   if (p.has_bias) pack[kBias] = const_cast<void*>(p.bias);
   if (p.padding) {
