@@ -89,7 +89,7 @@ def test_fused_chosen(cudnn_available, overrides):
     choice = get_attention_backend(params(**overrides))
     assert choice.name == FUSED, choice.reasons
     assert set(choice.reasons) == {FLASH, UNFUSED}
-    assert choice.fused_attention_backend is None  # NVTE_FUSED_ATTN_BACKEND unset
+    assert choice.fused_attention_backend == 1  # F16_arbitrary_seqlen, with NVTE_FUSED_ATTN_BACKEND unset
 
 
 @pytest.mark.parametrize("overrides,reason", [
@@ -122,6 +122,7 @@ def test_fused_chosen(cudnn_available, overrides):
 ], ids=lambda x: x if isinstance(x, str) else None)
 def test_fused_refused_with_reason(cudnn_available, overrides, reason):
     choice = get_attention_backend(params(**overrides))
+    assert choice.fused_attention_backend is None
     assert choice.name != FUSED  # unfused, or none for what it cannot do either (FP8, context parallelism)
     assert reason in fused_reasons(choice), fused_reasons(choice)
 
@@ -263,6 +264,88 @@ def test_helpers_refuse_cpu_and_bad_input():
         ext.fused_attn_fwd(True, 8, 16, None, None, q, k, v, softmax_type="learnable")
     with pytest.raises(ValueError, match="aux_ctx_tensors"):
         ext.fused_attn_bwd(8, 16, None, None, q, k, v, q, q, aux_ctx_tensors=[])
+
+
+@pytest.mark.parametrize("case", ["bshd", "sbhd_kv_bshd", "gqa_padding", "dropout_bias_grad", "strided_views"])
+def test_helpers_build_arguments_the_core_accepts(monkeypatch, case):
+    """The torch helpers' descriptors, strides and optional inputs pass every check of the
+    core (forward, backward, and the backward's support query with placeholders): on CPU
+    tensors the core's only objection is then the device."""
+    monkeypatch.setattr(ext, "_check_inputs", lambda *args: None)  # let CPU tensors through to the core
+    b, h, hg, sq, skv, d = 2, 4, 4, 8, 16, 64
+    fmt_q = "sbhd" if case == "sbhd_kv_bshd" else "bshd"
+    if case == "gqa_padding":
+        hg = 2
+    q = torch.zeros(shape_of(fmt_q, b, sq, h, d), dtype=torch.bfloat16)
+    k, v = (torch.zeros(shape_of("bshd", b, skv, hg, d), dtype=torch.bfloat16) for _ in range(2))
+    if case == "strided_views":
+        qkv = torch.zeros(b, sq, h, 3, d, dtype=torch.bfloat16)
+        q = qkv[:, :, :, 0]
+        k, v = qkv[:, :, :, 1], qkv[:, :, :, 2]
+        skv = sq
+    kwargs = dict(q_format=fmt_q, kv_format="bshd")
+    mask, bias, bias_grad = "causal", None, False
+    if case == "gqa_padding":
+        mask = "padding_causal"
+        kwargs.update(seqlens_q=torch.tensor([8, 3], dtype=torch.int32), seqlens_kv=torch.tensor([16, 5],
+                                                                                              dtype=torch.int32))
+    if case == "dropout_bias_grad":
+        kwargs["rng_state"] = torch.zeros(2, dtype=torch.int64)
+        bias, bias_grad = torch.zeros(1, h, sq, skv, dtype=torch.bfloat16), True
+    config = ext.FusedAttnConfig(mask_type=mask, window=(-1, 0), bias_type="post_scale_bias" if bias is not None
+                                 else "no_bias", softmax_scale=0.125, dropout=0.1 if "rng_state" in kwargs else 0.0)
+    cpu_only = "runs on CUDA tensors only"
+    with pytest.raises(NotImplementedError, match=f"te_fused_attn_fwd_workspace_size: {cpu_only}"):
+        ext.check_sdpa_support(q, k, v, config, bias=bias, backward=False, **kwargs)
+    with pytest.raises(NotImplementedError, match=f"te_fused_attn_fwd_workspace_size: {cpu_only}"):
+        ext.sdpa_fwd(q, k, v, config, bias=bias, with_stats=True, **kwargs)
+    q_, k_, v_ = (ext._addressable(x) for x in (q, k, v))
+    b_, h_, sq_, _ = ext._bhsd(q_, fmt_q).shape
+    o_desc = ext._placeholder((b_, h_, sq_, d), torch.bfloat16, q.device, "o")
+    args, descs, strides = ext._fwd_args(config, q_, k_, v_, fmt_q, "bshd", bias, kwargs.get("seqlens_q"),
+                                         kwargs.get("seqlens_kv"), kwargs.get("rng_state"), o_desc,
+                                         ext._contiguous_bhsd_strides(fmt_q, b_, sq_, h_, d), None)
+    with pytest.raises(NotImplementedError, match=f"te_fused_attn_bwd_workspace_size: {cpu_only}"):
+        ext._check_backward(config, q_, k_, v_, fmt_q, "bshd", descs, strides, bias, bias_grad,
+                            kwargs.get("seqlens_q"), kwargs.get("seqlens_kv"), kwargs.get("rng_state"))
+    o = torch.zeros(shape_of(fmt_q, b_, sq_, h_, d), dtype=torch.bfloat16)
+    stats = torch.zeros(b_, h_, sq_, 1)
+    with pytest.raises(NotImplementedError, match=f"te_fused_attn_bwd_workspace_size: {cpu_only}"):
+        ext.sdpa_bwd(torch.zeros_like(o), q, k, v, o, stats, config, bias=bias, bias_grad=bias_grad, **kwargs)
+
+
+@pytest.mark.parametrize("case", ["causal_sbhd", "padding_gqa", "thd", "bias_grad", "window"])
+def test_dpa_reaches_the_core_and_falls_back(monkeypatch, case):
+    """DotProductAttention's fused path end to end on the CPU: chosen (filters stubbed), its
+    arguments accepted by the core but for the device, refused, warned once, run unfused."""
+    monkeypatch.setattr(backends, "_fused_reasons", lambda p: [])
+    monkeypatch.setattr(ext, "_check_inputs", lambda *args: None)
+    monkeypatch.setattr(dpa_module, "_FALLBACK_WARNED", set())
+    backends._select.cache_clear()
+    g = torch.Generator().manual_seed(5)
+    h, hg, d, s, b = 4, 4, 64, 8, 2
+    fmt, mask, kwargs = "sbhd", "causal", {}
+    if case == "padding_gqa":
+        hg, fmt, mask = 2, "bshd", "padding_causal"
+        kwargs["attention_mask"] = torch.tensor([[False] * 8, [False] * 5 + [True] * 3]).view(b, 1, 1, s)
+    shapes = [shape_of(fmt, b, s, n, d) for n in (h, hg, hg)]
+    if case == "thd":
+        fmt, mask = "thd", "padding_causal"
+        shapes = [(11, h, d)] * 3
+        cu = torch.tensor([0, 8, 11], dtype=torch.int32)
+        kwargs.update(cu_seqlens_q=cu, cu_seqlens_kv=cu)
+    if case == "bias_grad":
+        kwargs.update(core_attention_bias_type="post_scale_bias",
+                      core_attention_bias=torch.randn(1, h, s, s, generator=g).requires_grad_())
+    if case == "window":
+        mask, kwargs["window_size"] = "no_mask", (2, 2)
+    q, k, v = (torch.randn(shape, generator=g).to(torch.bfloat16).requires_grad_() for shape in shapes)
+    dpa = te.DotProductAttention(h, d, num_gqa_groups=hg, qkv_format=fmt, attn_mask_type=mask)
+    with pytest.warns(UserWarning, match="cuDNN cannot run this call.*runs on CUDA tensors only"):
+        out = dpa(q, k, v, **kwargs)
+    out.float().sum().backward()
+    assert torch.isfinite(out.float()).all() and q.grad is not None
+    backends._select.cache_clear()
 
 
 @pytest.mark.parametrize("layout,formats", [("sbhd_sbhd_sbhd", ("sbhd", "sbhd")), ("bshd_bshd_bshd", ("bshd", "bshd")),

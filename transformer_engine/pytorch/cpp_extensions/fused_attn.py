@@ -118,7 +118,11 @@ def _operand(x: torch.Tensor, fmt: str, name: str) -> Tuple[_core.Tensor, List[i
 
 def _placeholder(shape, dtype: torch.dtype, device: torch.device, name: str) -> _core.Tensor:
     """A descriptor without data, for the workspace queries of buffers not allocated yet."""
-    return _core.Tensor(int(_core.DeviceType.CUDA), device.index, int(te_dtype(dtype, name)), list(shape), 0)
+    if device.type == "cuda":
+        device_type, index = _core.DeviceType.CUDA, device.index
+    else:
+        device_type, index = _core.DeviceType.CPU, 0
+    return _core.Tensor(int(device_type), index, int(te_dtype(dtype, name)), list(shape), 0)
 
 
 def _format_shape(fmt: str, b: int, s: int, h: int, d: int) -> Tuple[int, int, int, int]:

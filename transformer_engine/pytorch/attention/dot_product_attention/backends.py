@@ -30,6 +30,7 @@ from transformer_engine.pytorch.attention.dot_product_attention.utils import Att
 __all__ = ["AttentionParams", "AttentionBackend", "get_attention_backend", "BACKEND_NAMES"]
 
 FLASH, FUSED, UNFUSED = "FlashAttention", "FusedAttention", "UnfusedDotProductAttention"
+F16_ARBITRARY_SEQLEN = 1  # Transformer Engine's NVTE_Fused_Attn_Backend value of OpenTE's cuDNN backend
 BACKEND_NAMES = (FLASH, FUSED, UNFUSED)
 
 
@@ -67,7 +68,8 @@ class AttentionParams:
 class AttentionBackend(NamedTuple):
     """The choice: ``name`` (one of BACKEND_NAMES, or None when no backend can run the
     call), ``reasons`` (backend name -> why it was not chosen; empty for the chosen one)
-    and ``fused_attention_backend`` (NVTE_FUSED_ATTN_BACKEND, for a fused backend)."""
+    and ``fused_attention_backend`` (the cuDNN sub-backend when FusedAttention is chosen:
+    1, Transformer Engine's F16_arbitrary_seqlen, the only one OpenTE has; else None)."""
 
     name: Optional[str]
     reasons: Dict[str, List[str]]
@@ -228,7 +230,7 @@ def _select(params: AttentionParams, env: Tuple) -> AttentionBackend:
     order = [FUSED, FLASH, UNFUSED] if params.compute_capability >= (9, 0) else [FLASH, FUSED, UNFUSED]
     chosen = next((name for name in order if not reasons[name]), None)
     choice = AttentionBackend(chosen, {k: v for k, v in reasons.items() if k != chosen},
-                              _fused_sub_backend() if chosen == FUSED else None)
+                              F16_ARBITRARY_SEQLEN if chosen == FUSED else None)
     _log(params, choice)
     return choice
 
