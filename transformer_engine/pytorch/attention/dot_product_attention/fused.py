@@ -57,6 +57,17 @@ class _FusedAttnFunc(torch.autograd.Function):
         return dq, dk, dv, dbias, None, None, None, None, None, None, None
 
 
+# Configurations cuDNN was found to run (forward, and backward where asked): see forward.
+_SUPPORTED = set()
+_MAX_SUPPORTED = 4096
+
+
+def _layout_key(x: torch.Tensor) -> tuple:
+    """What cuDNN's graph depends on of an input: shape, strides, dtype, device, and whether
+    it is 16-byte aligned (else it is copied, which changes its strides)."""
+    return tuple(x.shape), x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0
+
+
 def _lengths(padding: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """int32 [b] true lengths of a [b, s] padding mask (True = padding)."""
     if padding is None:
@@ -98,14 +109,21 @@ class FusedAttention(torch.nn.Module):
                 rng_state = philox_rng_state(query.device)
         needs_grad = any(t is not None and t.requires_grad for t in (query, key, value, bias))
         bias_grad = bias is not None and bias.requires_grad
-        try:
-            # The forward's and (for training) the backward's graphs are checked before
-            # anything runs, so that a step never fails half way.
-            check_sdpa_support(query, key, value, config, q_format=q_format, kv_format=kv_format, bias=bias,
-                               seqlens_q=seqlens_q, seqlens_kv=seqlens_kv, rng_state=rng_state, backward=needs_grad,
-                               bias_grad=bias_grad)
-        except NotImplementedError as error:
-            raise FusedAttentionUnsupported(str(error)) from None
+        # The forward's and (for training) the backward's graphs are checked before anything
+        # runs, so that a step never fails half way; a configuration that passed once is
+        # remembered (the check builds descriptors: tens of microseconds of host time).
+        checked = (config, q_format, kv_format, needs_grad, bias_grad, None if bias is None else tuple(bias.shape),
+                   *(_layout_key(x) for x in (query, key, value)))
+        if checked not in _SUPPORTED:
+            try:
+                check_sdpa_support(query, key, value, config, q_format=q_format, kv_format=kv_format, bias=bias,
+                                   seqlens_q=seqlens_q, seqlens_kv=seqlens_kv, rng_state=rng_state,
+                                   backward=needs_grad, bias_grad=bias_grad)
+            except NotImplementedError as error:
+                raise FusedAttentionUnsupported(str(error)) from None
+            if len(_SUPPORTED) >= _MAX_SUPPORTED:
+                _SUPPORTED.clear()
+            _SUPPORTED.add(checked)
         with_stats = needs_grad and torch.is_grad_enabled()
         o = _FusedAttnFunc.apply(query, key, value, bias, seqlens_q, seqlens_kv, rng_state, config, q_format,
                                  kv_format, with_stats)
