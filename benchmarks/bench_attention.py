@@ -1,8 +1,10 @@
-"""DotProductAttention (the backend OpenTE chooses, the unfused one so far) against torch
-SDPA with its cuDNN backend, forward and forward + backward, in one run.
+"""DotProductAttention with each OpenTE backend (FusedAttention: cuDNN's fused SDPA;
+UnfusedDotProductAttention: GEMMs around a softmax) against torch SDPA with its cuDNN
+backend, forward and forward + backward, in one run. The target of the fused backend is
+0.95x of torch's cuDNN SDPA or better (the same cuDNN kernels, behind less or more host code).
 
     python3 benchmarks/bench_attention.py                   # B=4, H=16, S=4096, D=128, bf16
-    python3 benchmarks/bench_attention.py --seq 1024,4096 --batch 2
+    python3 benchmarks/bench_attention.py --seq 1024,4096 --batch 2 --backends fused
 
 FLOPs counted as FlashAttention's benchmarks do: forward 4 * B * H * S^2 * D (Q K^T and
 P V), half that with a causal mask; backward 2.5x the forward, so forward + backward is
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import warnings
 
 import torch
 from timing import time_pair_us
@@ -33,6 +37,23 @@ def sdpa_context():
         return (lambda: sdpa_kernel(SDPBackend.CUDNN_ATTENTION)), "SDPA cuDNN"
     except (ImportError, AttributeError):
         return contextlib.nullcontext, "SDPA (default backend)"
+
+
+# NVTE_FUSED_ATTN for each backend row: the selection prefers FusedAttention where it can run.
+BACKEND_ENV = {"fused": "1", "unfused": "0"}
+
+
+@contextlib.contextmanager
+def fused_attn_env(value: str):
+    old = os.environ.get("NVTE_FUSED_ATTN")
+    os.environ["NVTE_FUSED_ATTN"] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("NVTE_FUSED_ATTN")
+        else:
+            os.environ["NVTE_FUSED_ATTN"] = old
 
 
 def backend_name(dtype, b, h, s, d, causal) -> str:
@@ -76,6 +97,20 @@ def run_case(b, h, s, d, causal, dtype, iters, sdpa_ctx, sdpa_name):
         print(f"  ({sdpa_name} refused B={b} H={h} S={s} D={d}: {str(error).splitlines()[0]}; using torch's "
               "default SDPA backend for this case)")
         sdpa_ctx = contextlib.nullcontext
+    # A call cuDNN refuses falls back to the unfused backend: count the fused calls that ran.
+    fused_calls = []
+    fused_forward = dpa.fused_attention.forward
+
+    def counted_forward(*args, **kwargs):
+        out = fused_forward(*args, **kwargs)
+        fused_calls.append(1)
+        return out
+
+    dpa.fused_attention.forward = counted_forward
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours_fwd_bwd()
+    ran_fused = bool(fused_calls)
     fwd_flops = 4 * b * h * s * s * d / (2 if causal else 1)
     rows = []
     for label, ours, theirs, flops in (("fwd", ours_fwd, theirs_fwd, fwd_flops),
@@ -83,7 +118,7 @@ def run_case(b, h, s, d, causal, dtype, iters, sdpa_ctx, sdpa_name):
         ours_us, theirs_us = time_pair_us(ours, theirs, iters, rounds=min(5, iters), warmup=2)
         rows.append((label, ours_us, flops / (ours_us * 1e-6) / 1e12, theirs_us, flops / (theirs_us * 1e-6) / 1e12))
         torch.cuda.empty_cache()
-    return rows
+    return rows, ran_fused
 
 
 def main():
@@ -94,6 +129,7 @@ def main():
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     parser.add_argument("--masks", default="no_mask,causal", help="comma-separated: no_mask, causal")
+    parser.add_argument("--backends", default="fused,unfused", help="comma-separated: fused, unfused")
     parser.add_argument("--iters", type=int, default=10)
     args = parser.parse_args()
     from transformer_engine import _core
@@ -111,12 +147,16 @@ def main():
     for s in (int(x) for x in args.seq.split(",")):
         for mask in args.masks.split(","):
             causal = mask == "causal"
-            name = backend_name(dtype, b, h, s, d, causal)
             case = f"B={b} H={h} S={s} D={d} {mask}"
-            for label, ours_us, ours_tf, theirs_us, theirs_tf in run_case(b, h, s, d, causal, dtype, args.iters,
-                                                                          sdpa_ctx, sdpa_name):
-                print(f"| {case} | {label} | {name} | {ours_us / 1e3:.2f} | {ours_tf:.1f} | {theirs_us / 1e3:.2f} "
-                      f"| {theirs_tf:.1f} | {theirs_us / ours_us:.2f}x |")
+            for backend in args.backends.split(","):
+                with fused_attn_env(BACKEND_ENV[backend]):
+                    name = backend_name(dtype, b, h, s, d, causal)
+                    rows, ran_fused = run_case(b, h, s, d, causal, dtype, args.iters, sdpa_ctx, sdpa_name)
+                if name == "FusedAttention" and not ran_fused:
+                    name += " (cuDNN refused: ran unfused)"
+                for label, ours_us, ours_tf, theirs_us, theirs_tf in rows:
+                    print(f"| {case} | {label} | {name} | {ours_us / 1e3:.2f} | {ours_tf:.1f} | "
+                          f"{theirs_us / 1e3:.2f} | {theirs_tf:.1f} | {theirs_us / ours_us:.2f}x |")
 
 
 if __name__ == "__main__":

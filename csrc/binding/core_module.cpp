@@ -26,6 +26,7 @@ using opente_binding::call_core;
 void bind_softmax(nb::module_& m);
 void bind_bias_grad(nb::module_& m);
 void bind_rope(nb::module_& m);
+void bind_fused_attn(nb::module_& m);
 
 namespace {
 
@@ -300,4 +301,5 @@ NB_MODULE(_core, m) {
   bind_softmax(m);
   bind_bias_grad(m);
   bind_rope(m);
+  bind_fused_attn(m);
 }

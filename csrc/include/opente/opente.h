@@ -4,6 +4,7 @@
 
 #include "opente/activation.h"
 #include "opente/bias_grad.h"
+#include "opente/fused_attn.h"
 #include "opente/gemm.h"
 #include "opente/norm.h"
 #include "opente/quantize.h"

@@ -43,6 +43,7 @@ from transformer_engine.pytorch.cpp_extensions.bias_grad import (
     dswiglu_cast_transpose,
 )
 from transformer_engine.pytorch.cpp_extensions.cast import compute_amax, dequantize, quantize, transpose
+from transformer_engine.pytorch.cpp_extensions.fused_attn import fused_attn_bwd, fused_attn_fwd
 from transformer_engine.pytorch.cpp_extensions.gemm import general_gemm, get_cublas_workspace_size_bytes
 from transformer_engine.pytorch.cpp_extensions.normalization import (
     layernorm_bwd,
@@ -91,6 +92,8 @@ __all__ = [
     "dsrelu",
     "dswiglu",
     "dswiglu_cast_transpose",
+    "fused_attn_bwd",
+    "fused_attn_fwd",
     "fused_rope_backward",
     "fused_rope_forward",
     "geglu",

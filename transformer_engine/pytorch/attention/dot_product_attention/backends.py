@@ -5,14 +5,13 @@ FusedAttention (cuDNN) and UnfusedDotProductAttention. Each has a filter that li
 reasons it cannot take a call (an empty list: it can); ``get_attention_backend`` runs the
 filters and picks, in Transformer Engine's order of preference, FusedAttention over
 FlashAttention on Hopper and newer (FlashAttention first before Hopper), then
-UnfusedDotProductAttention. OpenTE has no FlashAttention or FusedAttention backend yet:
-their filters say so last, after the reasons a real backend would give, so that adding
-one is a matter of replacing that line (and ``DotProductAttention`` dispatching on the
-name).
+UnfusedDotProductAttention. OpenTE has no FlashAttention backend yet (its filter says so
+last); FusedAttention is cuDNN's fused SDPA (fused.py), with Transformer Engine's
+"F16 arbitrary sequence length" sub-backend only.
 
 Environment: NVTE_FLASH_ATTN, NVTE_FUSED_ATTN, NVTE_UNFUSED_ATTN (0 disables a backend,
-default 1), NVTE_FUSED_ATTN_BACKEND (the cuDNN sub-backend a fused backend should use;
-recorded for it). With NVTE_DEBUG=1 and NVTE_DEBUG_LEVEL >= 1 the choice and every reason
+default 1), NVTE_FUSED_ATTN_BACKEND (the cuDNN sub-backend: 1, or unset; any other value
+disables FusedAttention, as OpenTE has no other). With NVTE_DEBUG=1 and NVTE_DEBUG_LEVEL >= 1 the choice and every reason
 are logged on the "DotProductAttention" logger (level 2 also logs the parameters).
 """
 
@@ -31,6 +30,7 @@ from transformer_engine.pytorch.attention.dot_product_attention.utils import Att
 __all__ = ["AttentionParams", "AttentionBackend", "get_attention_backend", "BACKEND_NAMES"]
 
 FLASH, FUSED, UNFUSED = "FlashAttention", "FusedAttention", "UnfusedDotProductAttention"
+F16_ARBITRARY_SEQLEN = 1  # Transformer Engine's NVTE_Fused_Attn_Backend value of OpenTE's cuDNN backend
 BACKEND_NAMES = (FLASH, FUSED, UNFUSED)
 
 
@@ -68,7 +68,8 @@ class AttentionParams:
 class AttentionBackend(NamedTuple):
     """The choice: ``name`` (one of BACKEND_NAMES, or None when no backend can run the
     call), ``reasons`` (backend name -> why it was not chosen; empty for the chosen one)
-    and ``fused_attention_backend`` (NVTE_FUSED_ATTN_BACKEND, for a fused backend)."""
+    and ``fused_attention_backend`` (the cuDNN sub-backend when FusedAttention is chosen:
+    1, Transformer Engine's F16_arbitrary_seqlen, the only one OpenTE has; else None)."""
 
     name: Optional[str]
     reasons: Dict[str, List[str]]
@@ -114,19 +115,83 @@ def _flash_reasons(p: AttentionParams) -> List[str]:
     return reasons
 
 
+def _cudnn_unavailable_reason() -> Optional[str]:
+    """Why cuDNN fused attention cannot run in this process, or None (checked once)."""
+    from transformer_engine.pytorch.cpp_extensions.fused_attn import cudnn_unavailable_reason
+
+    return cudnn_unavailable_reason()
+
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
+                torch.bfloat16: "bfloat16"}
+
+
+def _bottom_right_band(p: AttentionParams) -> bool:
+    """Whether cuDNN must align the mask's diagonal band bottom-right: every type but causal
+    / padding_causal aligns its band (causal or window) bottom-right, which equals top-left
+    without padding when sq == skv (as sdpa_band in csrc/ops/fused_attn/fused_attn.cpp)."""
+    left, right = p.window_size
+    band = left >= 0 or right >= 0 or "causal" in p.attn_mask_type
+    top_left = p.attn_mask_type in ("causal", "padding_causal")
+    padded = "padding" in p.attn_mask_type
+    return band and not top_left and (padded or p.max_seqlen_q != p.max_seqlen_kv)
+
+
 def _fused_reasons(p: AttentionParams) -> List[str]:
+    """Why OpenTE's cuDNN backend (sub-backend 1 of NVTE_FUSED_ATTN_BACKEND: F16 arbitrary
+    sequence length) cannot take a call; cuDNN may still refuse a call that passes these
+    (checked before the call runs, falling back to the unfused backend)."""
     reasons = []
     if not _env_flag("NVTE_FUSED_ATTN"):
         reasons.append("disabled by NVTE_FUSED_ATTN=0")
+    sub_backend = _fused_sub_backend()
+    if sub_backend is not None and sub_backend != 1:
+        reasons.append(f"NVTE_FUSED_ATTN_BACKEND={sub_backend} asks for a sub-backend OpenTE does not have (only 1, "
+                       "the F16 arbitrary sequence length one)")
     if p.device_type != "cuda":
         reasons.append(f"needs CUDA tensors, got {p.device_type}")
     elif p.compute_capability < (8, 0):
         reasons.append(f"needs compute capability 8.0 or newer, got {p.compute_capability}")
     if p.qkv_dtype not in (torch.float16, torch.bfloat16):
-        reasons.append(f"needs float16 or bfloat16, got {p.qkv_dtype}")
+        reasons.append(f"needs float16 or bfloat16, got {_DTYPE_NAMES.get(p.qkv_dtype, p.qkv_dtype)} inputs")
+    for name, d in (("head dim", p.head_dim_qk), ("head dim of v", p.head_dim_v)):
+        if d > 256:
+            reasons.append(f"{name} {d} > 256")
+        elif d % 8 != 0:
+            reasons.append(f"{name} {d} is not a multiple of 8")
+    if min(p.batch_size, p.max_seqlen_q, p.max_seqlen_kv, p.num_heads, p.num_gqa_groups) < 1:
+        reasons.append("does not take empty tensors")
     if p.attn_mask_type == "arbitrary":
         reasons.append("does not take arbitrary masks")
-    reasons.append("the cuDNN fused attention backend is not implemented in OpenTE yet")
+    if p.core_attention_bias_type in ("pre_scale_bias", "alibi"):
+        reasons.append(f"does not take core_attention_bias_type={p.core_attention_bias_type} in OpenTE")
+    elif p.core_attention_bias_type == "post_scale_bias" and p.core_attention_bias_shape is not None:
+        shape = tuple(p.core_attention_bias_shape)
+        if len(shape) != 4 or shape[2] != p.max_seqlen_q:
+            reasons.append(f"takes a bias of shape [1 or b, 1 or h, sq, skv] only, got {list(shape)}")
+        elif p.core_attention_bias_requires_grad and (shape[0] != 1 or shape[1] != p.num_heads):
+            reasons.append(f"computes the bias gradient for a bias of shape [1, h, sq, skv] only, got {list(shape)}")
+    bottom_right = _bottom_right_band(p)
+    padded = "padding" in p.attn_mask_type
+    dropout = p.is_training and p.attention_dropout > 0.0
+    if bottom_right and (p.core_attention_bias_type != "no_bias" or dropout):
+        reasons.append("cuDNN aligns masks bottom-right (here: mask type "
+                       f"{p.attn_mask_type}, sq={p.max_seqlen_q}, skv={p.max_seqlen_kv}) without a bias or dropout only")
+    if not padded and p.max_seqlen_q > p.max_seqlen_kv and (bottom_right or p.window_size[0] >= 0):
+        reasons.append(f"cuDNN's bottom-right masks and sliding windows need sq <= skv, got sq={p.max_seqlen_q}, "
+                       f"skv={p.max_seqlen_kv}")
+    if p.softmax_type != "vanilla":
+        reasons.append(f"does not take softmax_type={p.softmax_type}")
+    if p.return_max_logit:
+        reasons.append("does not return max_logit")
+    if p.fp8_dpa:
+        reasons.append("FP8 attention (the recipe has fp8_dpa=True) is not implemented in OpenTE")
+    if p.context_parallel:
+        reasons.append("context parallelism is not implemented in OpenTE")
+    if p.device_type == "cuda":
+        unavailable = _cudnn_unavailable_reason()
+        if unavailable is not None:
+            reasons.append(unavailable)
     return reasons
 
 
@@ -165,7 +230,7 @@ def _select(params: AttentionParams, env: Tuple) -> AttentionBackend:
     order = [FUSED, FLASH, UNFUSED] if params.compute_capability >= (9, 0) else [FLASH, FUSED, UNFUSED]
     chosen = next((name for name in order if not reasons[name]), None)
     choice = AttentionBackend(chosen, {k: v for k, v in reasons.items() if k != chosen},
-                              _fused_sub_backend() if chosen == FUSED else None)
+                              F16_ARBITRARY_SEQLEN if chosen == FUSED else None)
     _log(params, choice)
     return choice
 

@@ -1,7 +1,8 @@
 """DotProductAttention: Transformer Engine's attention module (softmax(Q K^T * scale) V
 with masks, sliding windows, biases, ALiBi, sink softmax types, GQA, dropout, KV caching
 and the sbhd / bshd / thd formats). The work goes to the backend that
-``get_attention_backend`` chooses; OpenTE has the unfused one so far.
+``get_attention_backend`` chooses: FusedAttention (cuDNN) or UnfusedDotProductAttention;
+a call cuDNN refuses at run time (checked before anything runs) falls back to the unfused one.
 """
 
 from __future__ import annotations
@@ -17,10 +18,15 @@ from typing import Callable, List, Optional, Tuple, Union
 import torch
 
 from transformer_engine.pytorch.attention.dot_product_attention.backends import (
+    FUSED,
     UNFUSED,
     AttentionParams,
     get_attention_backend,
     no_backend_message,
+)
+from transformer_engine.pytorch.attention.dot_product_attention.fused import (
+    FusedAttention,
+    FusedAttentionUnsupported,
 )
 from transformer_engine.pytorch.attention.dot_product_attention.masks import (
     alibi_bias,
@@ -31,6 +37,7 @@ from transformer_engine.pytorch.attention.dot_product_attention.masks import (
 )
 from transformer_engine.pytorch.attention.dot_product_attention.unfused import UnfusedDotProductAttention
 from transformer_engine.pytorch.attention.dot_product_attention.utils import (
+    AttentionLogging,
     from_bhsd,
     padded_bshd_to_thd,
     seqlens_from_cu_seqlens,
@@ -54,6 +61,20 @@ _CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 @functools.lru_cache(maxsize=None)
 def _compute_capability(device_index: int) -> Tuple[int, int]:
     return torch.cuda.get_device_capability(device_index)
+
+
+_FALLBACK_WARNED = set()
+
+
+def _fused_fallback(reason: str) -> None:
+    """A call the fused backend was chosen for but cuDNN refused: log it (NVTE_DEBUG) and
+    warn once per reason; the unfused backend runs it."""
+    if AttentionLogging.debug_level() >= 1:
+        AttentionLogging.logger().info("Disabling FusedAttention for this call (%s); running with "
+                                       "UnfusedDotProductAttention", reason)
+    if reason not in _FALLBACK_WARNED:
+        _FALLBACK_WARNED.add(reason)
+        warnings.warn(f"{_OWNER}: cuDNN cannot run this call, the unfused backend does: {reason}", stacklevel=3)
 
 
 def _positive_int(value, name: str) -> int:
@@ -183,6 +204,9 @@ class DotProductAttention(TransformerEngineBaseModule):
         else:
             self.softmax_offset = None
 
+        self.fused_attention = FusedAttention(self.softmax_scale, attention_dropout=self.attention_dropout,
+                                              attention_dropout_ctx=attention_dropout_ctx,
+                                              deterministic=self.deterministic, layer_number=layer_number)
         self.unfused_attention = UnfusedDotProductAttention(
             self.softmax_scale, attention_type=attention_type, attention_dropout=self.attention_dropout,
             attention_dropout_ctx=attention_dropout_ctx, layer_number=layer_number, softmax_type=softmax_type,
@@ -359,9 +383,45 @@ class DotProductAttention(TransformerEngineBaseModule):
         backend = get_attention_backend(params)
         if backend.name is None:
             raise ValueError(no_backend_message(backend))
-        if backend.name != UNFUSED:
+        if backend.name not in (FUSED, UNFUSED):
             raise NotImplementedError(f"{_OWNER}: the {backend.name} backend is not implemented in OpenTE yet")
 
+        output = max_logit = None
+        if backend.name == FUSED:
+            output = self._fused(query_layer, key_layer, value_layer, bias, q_padding, kv_padding, attn_mask_type,
+                                 window_size, q_format, kv_format, checkpoint_core_attention)
+        if output is None:
+            output, max_logit = self._unfused(query_layer, key_layer, value_layer, bias, q_padding, kv_padding,
+                                              arbitrary_mask, attn_mask_type, window_size, core_attention_bias_type,
+                                              q_format, kv_format, checkpoint_core_attention)
+        if qkv_format == "thd" and inference_params is None:
+            output = padded_bshd_to_thd(output, cu_seqlens_q, cu_seqlens_q_padded, thd_tokens_q)
+        if self.return_max_logit:
+            return output, max_logit
+        return output
+
+    def _fused(self, query_layer, key_layer, value_layer, bias, q_padding, kv_padding, attn_mask_type: str,
+               window_size, q_format: str, kv_format: str, checkpoint_core_attention: bool) -> Optional[torch.Tensor]:
+        """The cuDNN backend's output in q_format ([.., h * dv]), or None when cuDNN refuses
+        the call (then the unfused backend runs it; the reason is logged, and warned once)."""
+        args = (query_layer, key_layer, value_layer, bias, q_padding, kv_padding)
+        kwargs = dict(attn_mask_type=attn_mask_type, window_size=window_size, q_format=q_format, kv_format=kv_format)
+        try:
+            if checkpoint_core_attention:
+                return checkpoint(self.fused_attention, *args, distribute_saved_activations=False,
+                                  get_rng_state_tracker=self.get_rng_state_tracker, tp_group=self.tp_group, **kwargs)
+            return self.fused_attention(*args, **kwargs)
+        except FusedAttentionUnsupported as error:
+            _fused_fallback(str(error))
+            return None
+
+    def _unfused(self, query_layer, key_layer, value_layer, bias, q_padding, kv_padding, arbitrary_mask,
+                 attn_mask_type: str, window_size, core_attention_bias_type: str, q_format: str, kv_format: str,
+                 checkpoint_core_attention: bool):
+        """The unfused backend's (output in q_format [.., h * dv], max_logit or None)."""
+        sq = query_layer.shape[0 if q_format == "sbhd" else 1]
+        skv = key_layer.shape[0 if kv_format == "sbhd" else 1]
+        device, heads = query_layer.device, self.num_attention_heads_per_partition
         plan = plan_attention_mask(attn_mask_type, window_size, sq, skv, device, q_padding, kv_padding,
                                    arbitrary_mask)
         sink = None
@@ -376,16 +436,7 @@ class DotProductAttention(TransformerEngineBaseModule):
                                             **kwargs)
         else:
             context, max_logit = self.unfused_attention(*args, **kwargs)
-
-        if qkv_format == "thd" and inference_params is None:
-            b, h, s, dv = context.shape
-            packed = context.permute(0, 2, 1, 3).reshape(b, s, h * dv)
-            output = padded_bshd_to_thd(packed, cu_seqlens_q, cu_seqlens_q_padded, thd_tokens_q)
-        else:
-            output = from_bhsd(context, q_format)
-        if self.return_max_logit:
-            return output, max_logit
-        return output
+        return from_bhsd(context, q_format), max_logit
 
     def _padding(self, attention_mask, cu_seqlens_q, cu_seqlens_kv, batch: int, sq: int, skv: int, device):
         """The padding of a bshd / sbhd call, from attention_mask or cu_seqlens."""
