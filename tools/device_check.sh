@@ -19,6 +19,14 @@ status=0
 step() { [[ " $STEPS " == *" $1 "* ]]; }
 note() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 
+# Carried wheels (.whl/, e.g. nvidia-cudnn-frontend from tools/fetch_cudnn_frontend.sh: the GPU
+# machine has no registry): installed aside, so the build finds the frontend headers and the
+# fused attention backend is built. Name .whl in the device tool's carry.
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 
 if step build; then
@@ -31,6 +39,7 @@ if step build; then
     note "BUILD FAILED (see build.log)"; tail -30 "$OUT/build.log"; exit 1
   fi
   (cd / && python3 -c "from transformer_engine import _core; print(_core.__file__, 'built_with_cuda', _core.built_with_cuda())")
+  note "$(grep -m1 -o 'cuDNN fused attention [A-Z]*' "$OUT/build.log" || echo 'cuDNN fused attention: not reported')"
   note "compiler: $(grep -m1 -E 'The CXX compiler identification' "$OUT/build.log" || c++ --version | head -1)"
 fi
 
