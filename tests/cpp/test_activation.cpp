@@ -207,19 +207,6 @@ TEST(Activation, EmptyTensors) {
 // Bad input: status, "<op>: " prefix, named argument, and nothing written.
 // ---------------------------------------------------------------------------
 
-::testing::AssertionResult is_error(te_status got, te_status want, const std::string& op,
-                                    const std::vector<std::string>& parts) {
-  const std::string msg = last_error();
-  if (got != want)
-    return ::testing::AssertionFailure() << "status " << got << ", want " << want << " (message: " << msg << ")";
-  if (msg.rfind(op + ": ", 0) != 0)
-    return ::testing::AssertionFailure() << "message does not start with '" << op << ": ': " << msg;
-  for (const std::string& p : parts)
-    if (msg.find(p) == std::string::npos)
-      return ::testing::AssertionFailure() << "message lacks '" << p << "': " << msg;
-  return ::testing::AssertionSuccess();
-}
-
 // Valid arguments around swiglu (gated) on fp32 [3, 2*8], output fp32 or E4M3 [3, 8].
 struct Args {
   int32_t kind = TE_ACTIVATION_SWIGLU;

@@ -251,19 +251,6 @@ TEST(BiasGrad, WorkspaceSize) {
 // Bad input: status, "<op>: " prefix, named argument, and nothing written.
 // ---------------------------------------------------------------------------
 
-::testing::AssertionResult is_error(te_status got, te_status want, const std::string& op,
-                                    const std::vector<std::string>& parts) {
-  const std::string msg = last_error();
-  if (got != want)
-    return ::testing::AssertionFailure() << "status " << got << ", want " << want << " (message: " << msg << ")";
-  if (msg.rfind(op + ": ", 0) != 0)
-    return ::testing::AssertionFailure() << "message does not start with '" << op << ": ': " << msg;
-  for (const std::string& p : parts)
-    if (msg.find(p) == std::string::npos)
-      return ::testing::AssertionFailure() << "message lacks '" << p << "': " << msg;
-  return ::testing::AssertionSuccess();
-}
-
 // Valid arguments of both ops: grad fp32 [3, 8]; act_input fp32 [3, 16] for swiglu
 // (or [3, 8] for a plain kind); output E4M3 with both layouts; dbias fp32.
 struct Args {

@@ -17,19 +17,6 @@ using opente::SdpaBand;
 const te_status INV = TE_ERROR_INVALID_ARGUMENT;
 const te_status NIMP = TE_ERROR_NOT_IMPLEMENTED;
 
-::testing::AssertionResult is_error(te_status got, te_status want, const std::string& op,
-                                    const std::vector<std::string>& parts) {
-  const std::string msg = last_error();
-  if (got != want)
-    return ::testing::AssertionFailure() << "status " << got << ", want " << want << " (message: " << msg << ")";
-  if (msg.rfind(op + ": ", 0) != 0)
-    return ::testing::AssertionFailure() << "message does not start with '" << op << ": ': " << msg;
-  for (const std::string& p : parts)
-    if (msg.find(p) == std::string::npos)
-      return ::testing::AssertionFailure() << "message lacks '" << p << "': " << msg;
-  return ::testing::AssertionSuccess() << msg;
-}
-
 // [b, h, s, d] strides of a contiguous bshd tensor.
 void bshd_strides(int64_t* out, int64_t s, int64_t h, int64_t d) {
   out[0] = s * h * d;

@@ -14,19 +14,6 @@ constexpr uint32_t kPoisonBits = 0xABABABABu;
 const te_status INV = TE_ERROR_INVALID_ARGUMENT;
 const te_status NIMP = TE_ERROR_NOT_IMPLEMENTED;
 
-::testing::AssertionResult is_error(te_status got, te_status want, const std::string& op,
-                                    const std::vector<std::string>& parts) {
-  const std::string msg = last_error();
-  if (got != want)
-    return ::testing::AssertionFailure() << "status " << got << ", want " << want << " (message: " << msg << ")";
-  if (msg.rfind(op + ": ", 0) != 0)
-    return ::testing::AssertionFailure() << "message does not start with '" << op << ": ': " << msg;
-  for (const std::string& p : parts)
-    if (msg.find(p) == std::string::npos)
-      return ::testing::AssertionFailure() << "message lacks '" << p << "': " << msg;
-  return ::testing::AssertionSuccess() << msg;
-}
-
 // Valid forward arguments: fp32 input [3, 64], fp32 gamma / beta, a bf16 output, or
 // an E4M3 output with both layouts, scale, scale_inv and amax.
 struct FwdArgs {

@@ -416,19 +416,6 @@ TEST(Rope, BackwardIsTheTranspose) {
 
 // ---- bad input ----------------------------------------------------------------------------------
 
-::testing::AssertionResult is_error(te_status got, te_status want, const std::string& op,
-                                    const std::vector<std::string>& parts) {
-  const std::string msg = last_error();
-  if (got != want)
-    return ::testing::AssertionFailure() << "status " << got << ", want " << want << " (message: " << msg << ")";
-  if (msg.rfind(op + ": ", 0) != 0)
-    return ::testing::AssertionFailure() << "message does not start with '" << op << ": ': " << msg;
-  for (const std::string& p : parts)
-    if (msg.find(p) == std::string::npos)
-      return ::testing::AssertionFailure() << "message lacks '" << p << "': " << msg;
-  return ::testing::AssertionSuccess() << msg;
-}
-
 // Valid arguments: fp32 input [4, 2, 3, 8] (SBHD) or [9, 3, 8] (THD, cu {0, 4, 9}),
 // freqs [8, 1, 1, 8], start_positions [2] and output; each case spoils one thing.
 // x has room past the input for the strided case's span.

@@ -437,19 +437,6 @@ TEST(Softmax, EmptyTensorsAreNoOps) {
 
 // ---- bad input ----------------------------------------------------------------------------------
 
-::testing::AssertionResult is_error(te_status got, te_status want, const std::string& op,
-                                    const std::vector<std::string>& parts) {
-  const std::string msg = last_error();
-  if (got != want)
-    return ::testing::AssertionFailure() << "status " << got << ", want " << want << " (message: " << msg << ")";
-  if (msg.rfind(op + ": ", 0) != 0)
-    return ::testing::AssertionFailure() << "message does not start with '" << op << ": ': " << msg;
-  for (const std::string& p : parts)
-    if (msg.find(p) == std::string::npos)
-      return ::testing::AssertionFailure() << "message lacks '" << p << "': " << msg;
-  return ::testing::AssertionSuccess() << msg;
-}
-
 // Valid forward arguments of `kind`: fp32 [2, 3, 4, 8] ([6, 8, 8] upper-triangular),
 // a uint8 mask [1, 1, 4, 8], an fp32 output of the same shape.
 struct FwdArgs {

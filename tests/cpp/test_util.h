@@ -263,6 +263,21 @@ inline std::string shape_str(const std::vector<int64_t>& s) {
 
 inline std::string last_error() { return te_last_error_message(); }
 
+// A bad-input call's outcome: the wanted status, a message that starts with "<op>: " and
+// names every one of `parts` (the argument, what was expected, what was given).
+inline ::testing::AssertionResult is_error(te_status got, te_status want, const std::string& op,
+                                           const std::vector<std::string>& parts) {
+  const std::string msg = last_error();
+  if (got != want)
+    return ::testing::AssertionFailure() << "status " << got << ", want " << want << " (message: " << msg << ")";
+  if (msg.rfind(op + ": ", 0) != 0)
+    return ::testing::AssertionFailure() << "message does not start with '" << op << ": ': " << msg;
+  for (const std::string& p : parts)
+    if (msg.find(p) == std::string::npos)
+      return ::testing::AssertionFailure() << "message lacks '" << p << "': " << msg;
+  return ::testing::AssertionSuccess() << msg;
+}
+
 // ---------------------------------------------------------------------------
 // Random values spread over many magnitudes.
 // ---------------------------------------------------------------------------
