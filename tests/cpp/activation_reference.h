@@ -21,7 +21,6 @@
 
 namespace tt {
 
-constexpr double kU = 1.0 / 16777216.0;
 constexpr double kK = 0.79788456080286535588;  // sqrt(2/pi)
 constexpr double kC = 0.044715;
 
@@ -93,20 +92,6 @@ inline Ref ref_der(te_activation base, double x) {
 // f * r, with the bound grown by the product's rounding.
 inline Ref times(double f, Ref r) { return {f * r.v, std::fabs(f) * r.err + 2 * kU * std::fabs(f * r.v)}; }
 
-inline double unit_roundoff(te_dtype d) {
-  switch (d) {
-    case TE_DTYPE_FLOAT16: return std::ldexp(1.0, -11);
-    case TE_DTYPE_BFLOAT16: return std::ldexp(1.0, -8);
-    default: return kU;
-  }
-}
-inline double half_min_step(te_dtype d) {
-  switch (d) {
-    case TE_DTYPE_FLOAT16: return std::ldexp(1.0, -25);
-    case TE_DTYPE_BFLOAT16: return std::ldexp(1.0, -134);
-    default: return std::ldexp(1.0, -150);
-  }
-}
 inline double with_rounding(const Ref& r, te_dtype d) {
   return r.err + unit_roundoff(d) * (std::fabs(r.v) + r.err) + half_min_step(d);
 }

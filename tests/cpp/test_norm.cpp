@@ -27,24 +27,6 @@ namespace {
 
 using namespace tt;
 
-constexpr double kU = 1.0 / 16777216.0;  // 2^-24, fp32's unit roundoff
-
-// Half an ulp at 1, and half the smallest subnormal step, of a float output dtype.
-double unit_roundoff(te_dtype d) {
-  switch (d) {
-    case TE_DTYPE_FLOAT16: return std::ldexp(1.0, -11);
-    case TE_DTYPE_BFLOAT16: return std::ldexp(1.0, -8);
-    default: return kU;
-  }
-}
-double half_min_step(te_dtype d) {
-  switch (d) {
-    case TE_DTYPE_FLOAT16: return std::ldexp(1.0, -25);
-    case TE_DTYPE_BFLOAT16: return std::ldexp(1.0, -134);
-    default: return std::ldexp(1.0, -150);
-  }
-}
-
 bool is_fp8_dtype(te_dtype d) { return d == TE_DTYPE_FLOAT8_E4M3 || d == TE_DTYPE_FLOAT8_E5M2; }
 
 double accumulation_factor(int64_t n) { return 2.0 * double(n + 8) * kU; }

@@ -20,7 +20,6 @@ namespace {
 
 using namespace tt;
 
-constexpr double kU = 1.0 / 16777216.0;  // 2^-24
 const te_status INV = TE_ERROR_INVALID_ARGUMENT;
 const te_status NIMP = TE_ERROR_NOT_IMPLEMENTED;
 
@@ -28,27 +27,6 @@ const te_dtype kDtypes[] = {TE_DTYPE_FLOAT32, TE_DTYPE_FLOAT16, TE_DTYPE_BFLOAT1
 const te_rope_format kFormats[] = {TE_ROPE_SBHD, TE_ROPE_BSHD, TE_ROPE_THD};
 
 const char* format_str(te_rope_format f) { return f == TE_ROPE_SBHD ? "sbhd" : f == TE_ROPE_BSHD ? "bshd" : "thd"; }
-
-double unit_roundoff(te_dtype d) {
-  switch (d) {
-    case TE_DTYPE_FLOAT16:
-      return std::ldexp(1.0, -11);
-    case TE_DTYPE_BFLOAT16:
-      return std::ldexp(1.0, -8);
-    default:
-      return kU;
-  }
-}
-double half_min_step(te_dtype d) {
-  switch (d) {
-    case TE_DTYPE_FLOAT16:
-      return std::ldexp(1.0, -25);
-    case TE_DTYPE_BFLOAT16:
-      return std::ldexp(1.0, -134);
-    default:
-      return std::ldexp(1.0, -150);
-  }
-}
 
 double value_at(const Buffer& b, te_dtype d, size_t i) {
   if (d == TE_DTYPE_FLOAT32) return b.get<float>(i);

@@ -20,7 +20,6 @@ namespace {
 
 using namespace tt;
 
-constexpr double kU = 1.0 / 16777216.0;  // 2^-24
 const te_status INV = TE_ERROR_INVALID_ARGUMENT;
 const te_status NIMP = TE_ERROR_NOT_IMPLEMENTED;
 
@@ -32,21 +31,6 @@ const char* kind_name(Kind k) {
     case Kind::kMasked: return "masked";
     case Kind::kUpperTriang: return "upper_triang";
     default: return "aligned_causal";
-  }
-}
-
-double unit_roundoff(te_dtype d) {
-  switch (d) {
-    case TE_DTYPE_FLOAT16: return std::ldexp(1.0, -11);
-    case TE_DTYPE_BFLOAT16: return std::ldexp(1.0, -8);
-    default: return kU;
-  }
-}
-double half_min_step(te_dtype d) {
-  switch (d) {
-    case TE_DTYPE_FLOAT16: return std::ldexp(1.0, -25);
-    case TE_DTYPE_BFLOAT16: return std::ldexp(1.0, -134);
-    default: return std::ldexp(1.0, -150);
   }
 }
 

@@ -263,6 +263,24 @@ inline std::string shape_str(const std::vector<int64_t>& s) {
 
 inline std::string last_error() { return te_last_error_message(); }
 
+constexpr double kU = 1.0 / 16777216.0;  // 2^-24, fp32's unit roundoff
+
+// Half an ulp at 1, and half the smallest subnormal step, of a float output dtype.
+inline double unit_roundoff(te_dtype d) {
+  switch (d) {
+    case TE_DTYPE_FLOAT16: return std::ldexp(1.0, -11);
+    case TE_DTYPE_BFLOAT16: return std::ldexp(1.0, -8);
+    default: return kU;
+  }
+}
+inline double half_min_step(te_dtype d) {
+  switch (d) {
+    case TE_DTYPE_FLOAT16: return std::ldexp(1.0, -25);
+    case TE_DTYPE_BFLOAT16: return std::ldexp(1.0, -134);
+    default: return std::ldexp(1.0, -150);
+  }
+}
+
 // A bad-input call's outcome: the wanted status, a message that starts with "<op>: " and
 // names every one of `parts` (the argument, what was expected, what was given).
 inline ::testing::AssertionResult is_error(te_status got, te_status want, const std::string& op,
