@@ -10,6 +10,7 @@ other unpadded types, and kv_len - q_len of each sequence for the padded ones.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Optional, Sequence
 
 import torch
@@ -97,3 +98,21 @@ def from_bhsd(x: torch.Tensor, fmt: str) -> torch.Tensor:
     if fmt == "sbhd":
         return x.permute(2, 0, 1, 3).reshape(s, b, h * d)
     return x.permute(0, 2, 1, 3).reshape(b, s, h * d)
+
+
+def decode_with_cache(dpa, q, k, v, cache, fmt: str, prefill: int) -> torch.Tensor:
+    """The output of ``dpa`` over the whole sequence, computed with the KV cache ``cache``
+    (an InferenceParams): the first ``prefill`` positions of every sequence in one step,
+    then one position a step; the steps' outputs concatenated along the sequence dim."""
+    seq_dim = 0 if fmt == "sbhd" else 1
+    b, length = q.shape[1 - seq_dim], q.shape[seq_dim]
+
+    def part(x, start, end):
+        return x.narrow(seq_dim, start, end - start)
+
+    cache.pre_step(OrderedDict((i, prefill) for i in range(b)))
+    outs = [dpa(part(q, 0, prefill), part(k, 0, prefill), part(v, 0, prefill), inference_params=cache)]
+    for t in range(prefill, length):
+        cache.pre_step(OrderedDict((i, 1) for i in range(b)))
+        outs.append(dpa(part(q, t, t + 1), part(k, t, t + 1), part(v, t, t + 1), inference_params=cache))
+    return torch.cat(outs, dim=seq_dim)

@@ -20,8 +20,15 @@ from collections import OrderedDict
 import pytest
 import torch
 import torch.nn.functional as F
-from attention_reference import alibi_reference, from_bhsd, reference_attention, reference_mask, to_bhsd
-from conftest import DEVICES, requires_cuda
+from attention_reference import (
+    alibi_reference,
+    decode_with_cache,
+    from_bhsd,
+    reference_attention,
+    reference_mask,
+    to_bhsd,
+)
+from conftest import requires_cuda
 
 import transformer_engine.pytorch as te
 from transformer_engine.pytorch.attention.dot_product_attention import softmax as attn_softmax
@@ -489,17 +496,7 @@ def test_kv_cache_decode_equals_full(device, fmt, groups, gen):
                                  layer_number=3)
     full = dpa(q, k, v)
     cache = te.InferenceParams(b, length + 2, num_heads_kv=groups, head_dim_k=d, dtype=torch.float32)
-    seq_dim = 0 if fmt == "sbhd" else 1
-
-    def part(x, start, end):
-        return x.narrow(seq_dim, start, end - start)
-
-    cache.pre_step(OrderedDict((i, prefill) for i in range(b)))
-    outs = [dpa(part(q, 0, prefill), part(k, 0, prefill), part(v, 0, prefill), inference_params=cache)]
-    for t in range(prefill, length):
-        cache.pre_step(OrderedDict((i, 1) for i in range(b)))
-        outs.append(dpa(part(q, t, t + 1), part(k, t, t + 1), part(v, t, t + 1), inference_params=cache))
-    torch.testing.assert_close(torch.cat(outs, dim=seq_dim), full, **TOL)
+    torch.testing.assert_close(decode_with_cache(dpa, q, k, v, cache, fmt, prefill), full, **TOL)
     assert 3 in cache.cache and cache.sequences == OrderedDict((i, length) for i in range(b))
 
 

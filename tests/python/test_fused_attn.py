@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import OrderedDict
 
 import pytest
 import torch
-from attention_reference import reference_mask
+from attention_reference import decode_with_cache, reference_mask
 from conftest import CUDA_SKIP_REASON, HAVE_CUDA
 
 import transformer_engine.pytorch as te
@@ -851,19 +850,10 @@ def test_dpa_kv_cache_decode_fused(monkeypatch, spy_fused, fmt, gen):
     full = dpa(q, k, v)  # the unfused reference of the whole sequence
     monkeypatch.delenv("NVTE_FUSED_ATTN")
     cache = te.InferenceParams(b, length + 8, num_heads_kv=hg, head_dim_k=d, dtype=torch.bfloat16)
-    seq_dim = 0 if fmt == "sbhd" else 1
-
-    def part(x, start, end):
-        return x.narrow(seq_dim, start, end - start)
-
-    cache.pre_step(OrderedDict((i, prefill) for i in range(b)))
-    outs = [dpa(part(q, 0, prefill), part(k, 0, prefill), part(v, 0, prefill), inference_params=cache)]
-    for t in range(prefill, length):
-        cache.pre_step(OrderedDict((i, 1) for i in range(b)))
-        outs.append(dpa(part(q, t, t + 1), part(k, t, t + 1), part(v, t, t + 1), inference_params=cache))
+    decoded = decode_with_cache(dpa, q, k, v, cache, fmt, prefill)
     assert len(spy_fused) == 1 + length - prefill
     # bf16 outputs (|values| < ~3) of two backends: a wrong position would move them by ~1/length
-    torch.testing.assert_close(torch.cat(outs, dim=seq_dim), full, atol=2e-2, rtol=0)
+    torch.testing.assert_close(decoded, full, atol=2e-2, rtol=0)
 
 
 @requires_cudnn
