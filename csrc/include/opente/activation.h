@@ -24,9 +24,11 @@
  *      silu'(x)  = s + x s (1 - s), s = sigmoid(x),
  *      relu'(x)  = 1 for x > 0, else 0;  srelu'(x) = 2x for x > 0, else 0.
  *
+ * Both compute the tanh of gelu as 0.5 (1 + tanh(u)) = sigmoid(2u).
  * CPU and CUDA tensors; the GPU computes the same fp32 operations as the CPU
  * reference (products and sums rounded one at a time, no fused multiply-adds),
- * so the two differ only where the device's expf / tanhf round differently.
+ * so the two differ only in the exponential and quotient of the sigmoid (the
+ * host's expf and division, the device's fast intrinsics: a few ulp).
  * The backward fused with the bias gradient and the FP8 cast + transpose is
  * te_dact_dbias_cast_transpose (opente/bias_grad.h). */
 #ifndef OPENTE_ACTIVATION_H_

@@ -1,8 +1,9 @@
 // LayerNorm and RMSNorm backward on the GPU, in two kernels.
 //
 // 1. Rows: row groups as in the forward (norm_launch.h). A group loads its row of
-//    dz and x once into registers, takes the row's two sums (one shuffle reduction
-//    of a pair) and writes dx. Each thread also adds dz * xhat and dz for its
+//    dz and x once into registers, in their dtype, takes the row's two sums (one
+//    shuffle reduction of a pair) and writes dx (rows past 8192 recompute x hat
+//    and dz * gamma for it rather than hold them across the reduction). Each thread also adds dz * xhat and dz for its
 //    columns over all the rows it visits, in fp32 registers (rows past 8192: in
 //    its own slots of shared memory); at the end the block adds its groups' sums
 //    in shared memory (a fixed pairwise order) and writes one [2, hidden] row of
@@ -49,6 +50,37 @@ __device__ __forceinline__ void accumulate_chunk(float* sums, int tile, const Ro
   }
 }
 
+// A row group's share of one row's backward inputs: dz and x as loaded (RowShare),
+// and the row's statistics. mu and rsigma are 0 for a row past the last.
+template <class In, int kChunks, bool kVectorized>
+struct RowInputs {
+  RowShare<In, kChunks, kVectorized> dz, x;
+  float mu, rsigma;
+
+  __device__ __forceinline__ void load(const NormBwdParams& p, const In* dz_rows, const In* x_rows, int64_t r,
+                                       const RowGroup& group, bool layernorm) {
+    const bool active = r < p.rows;
+    const int limit = active ? int(p.hidden) : 0;
+    dz.load(dz_rows + r * p.hidden, group, limit);
+    x.load(x_rows + r * p.hidden, group, limit);
+    mu = layernorm && active ? p.mu[r] : 0.0f;
+    rsigma = active ? p.rsigma[r] : 0.0f;
+  }
+
+  // Chunk j's x hat (0 past the row) and dz * gamma.
+  __device__ __forceinline__ void xhat_and_dyg(const float* gamma_tile, const RowGroup& group, int j, int hidden,
+                                               float (&xhat)[kChunk], float (&dyg)[kChunk]) const {
+    float gamma[kChunk];
+    read_weights(gamma_tile, group, j, gamma);
+    const int col = group.column(j);
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) {
+      xhat[i] = in_row<kVectorized>(col, i, hidden) ? (x.at(j, i) - mu) * rsigma : 0.0f;
+      dyg[i] = dz.at(j, i) * gamma[i];
+    }
+  }
+};
+
 // Partial sums written by block b: partials[b][0][c] = sum dz * xhat, partials[b][1][c]
 // = sum dz (LayerNorm only) over the block's rows. Each thread adds them for its
 // columns over the rows it visits: in registers (kNormBwdChunks), or, for the long
@@ -81,43 +113,46 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads)
   RowReduction<RowSums> reduction(scratch, group);
 
   // Block-uniform trip count, as in the forward.
-  for (int64_t first = int64_t(blockIdx.x) * rows_per_block; first < p.rows;
-       first += int64_t(gridDim.x) * rows_per_block) {
-    const int64_t r = first + group.index;
-    const bool active = r < p.rows;
-    const int limit = active ? hidden : 0;
-    const float mu = kLayerNorm && active ? p.mu[r] : 0.0f;
-    const float rsigma = active ? p.rsigma[r] : 0.0f;
-    const In* dz_row = static_cast<const In*>(p.dz) + r * p.hidden;  // [hidden]
-    const In* x_row = static_cast<const In*>(p.x) + r * p.hidden;    // [hidden]
-    // Past the row dz = 0 and x = mu, so xhat = 0 there and every sum skips the
-    // column without a test (gamma's tile holds 0 there too).
-    float dz[kChunks][kChunk], x[kChunks][kChunk];
-#pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      load_chunk<kVectorized>(dz_row, group.column(j), limit, 0.0f, dz[j]);
-      load_chunk<kVectorized>(x_row, group.column(j), limit, mu, x[j]);
-    }
+  const In* dz_rows = static_cast<const In*>(p.dz);  // [rows, hidden]
+  const In* x_rows = static_cast<const In*>(p.x);    // [rows, hidden]
+  const int64_t stride = int64_t(gridDim.x) * rows_per_block;
+  int64_t r = int64_t(blockIdx.x) * rows_per_block + group.index;
+  for (int64_t first = int64_t(blockIdx.x) * rows_per_block; first < p.rows; first += stride, r += stride) {
+    RowInputs<In, kChunks, kVectorized> row;
+    row.load(p, dz_rows, x_rows, r, group, kLayerNorm);
 
-    // The CPU reference's formulas, element by element.
-    float xhat[kChunks][kChunk], dyg[kChunks][kChunk];
+    // The CPU reference's formulas, element by element. Past the row dz = 0 and
+    // xhat = 0, so every sum skips the column (gamma's tile holds 0 there too); a
+    // group past the last row has dz = 0 and rsigma = 0 throughout.
     float sum_dyg = 0.0f, sum_dyg_xhat = 0.0f;
+    // x hat and dz * gamma, held for dx when kHold (the registers' bucket: faster
+    // than recomputing them), recomputed there otherwise (the long rows, whose
+    // registers went to spills when they were held)
+    constexpr bool kHold = !kSharedSums;
+    float held_xhat[kHold ? kChunks : 1][kChunk], held_dyg[kHold ? kChunks : 1][kChunk];
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
-      float gamma[kChunk], dyg_xhat[kChunk];
-      read_weights(gamma_tile, group, j, gamma);
+      float xhat[kChunk], dyg[kChunk], dyg_xhat[kChunk];
+      row.xhat_and_dyg(gamma_tile, group, j, hidden, xhat, dyg);
+      if constexpr (kHold) {
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) held_xhat[j][i] = xhat[i], held_dyg[j][i] = dyg[i];
+      }
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) {
-        xhat[j][i] = (x[j][i] - mu) * rsigma;
-        dyg[j][i] = dz[j][i] * gamma[i];
-        dyg_xhat[i] = dyg[j][i] * xhat[j][i];
+        dyg_xhat[i] = dyg[i] * xhat[i];
         if constexpr (!kSharedSums) {
-          dgamma[j][i] += dz[j][i] * xhat[j][i];
-          if constexpr (kLayerNorm) dbeta[j][i] += dz[j][i];
+          dgamma[j][i] += row.dz.at(j, i) * xhat[i];
+          if constexpr (kLayerNorm) dbeta[j][i] += row.dz.at(j, i);
         }
       }
-      if constexpr (kSharedSums) accumulate_chunk<kColumnSums>(sums, tile, group, j, dz[j], xhat[j]);
-      if constexpr (kLayerNorm) sum_dyg += chunk_sum(dyg[j]);
+      if constexpr (kSharedSums) {
+        float dz[kChunk];
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) dz[i] = row.dz.at(j, i);
+        accumulate_chunk<kColumnSums>(sums, tile, group, j, dz, xhat);
+      }
+      if constexpr (kLayerNorm) sum_dyg += chunk_sum(dyg);
       sum_dyg_xhat += chunk_sum(dyg_xhat);
     }
     float mean_dyg = 0.0f, mean_dyg_xhat;  // RMSNorm has no mean to subtract
@@ -128,15 +163,22 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads)
     } else {
       mean_dyg_xhat = reduction.sum(sum_dyg_xhat) / float(hidden);
     }
-    if (!active) continue;
 
-    In* dx_row = static_cast<In*>(p.dx) + r * p.hidden;  // [hidden]
+    if (r < p.rows) {
+      In* dx_row = static_cast<In*>(p.dx) + r * p.hidden;  // [hidden]
 #pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      float dx[kChunk];
+      for (int j = 0; j < kChunks; ++j) {
+        float xhat[kChunk], dyg[kChunk], dx[kChunk];
+        if constexpr (kHold) {
 #pragma unroll
-      for (int i = 0; i < kChunk; ++i) dx[i] = rsigma * (dyg[j][i] - mean_dyg - xhat[j][i] * mean_dyg_xhat);
-      store_chunk<kVectorized, kIn>(dx_row, group.column(j), hidden, dx);
+          for (int i = 0; i < kChunk; ++i) xhat[i] = held_xhat[j][i], dyg[i] = held_dyg[j][i];
+        } else {
+          row.xhat_and_dyg(gamma_tile, group, j, hidden, xhat, dyg);
+        }
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) dx[i] = row.rsigma * (dyg[i] - mean_dyg - xhat[i] * mean_dyg_xhat);
+        store_chunk<kVectorized, kIn>(dx_row, group.column(j), hidden, dx);
+      }
     }
   }
 

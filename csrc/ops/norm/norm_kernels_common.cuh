@@ -100,6 +100,36 @@ __device__ __forceinline__ void load_chunk(const T* row, int col, int limit, flo
   }
 }
 
+// A thread's chunks of one row (RowGroup::column), held as loaded: in the input
+// dtype, converted to fp32 where they are used, so that values derived from them
+// (x hat, dz * gamma) can be recomputed where needed instead of being held in
+// registers across a row's reduction. Columns at or past `limit` hold 0.
+// kVectorized as for load_chunk.
+template <class T, int kChunks, bool kVectorized>
+struct RowShare {
+  Vec8<T> raw[kChunks];
+
+  __device__ __forceinline__ void load(const T* row, const RowGroup& group, int limit) {
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int col = group.column(j);
+      if constexpr (kVectorized) {
+        if (col < limit) {
+          raw[j] = *reinterpret_cast<const Vec8<T>*>(row + col);
+        } else {
+#pragma unroll
+          for (int i = 0; i < kChunk; ++i) raw[j].v[i] = from_float<T>(0.0f);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) raw[j].v[i] = col + i < limit ? row[col + i] : from_float<T>(0.0f);
+      }
+    }
+  }
+
+  __device__ __forceinline__ float at(int j, int i) const { return to_float(raw[j].v[i]); }
+};
+
 // Whether element i of the chunk at `col` lies in the row (for kVectorized the
 // whole chunk does or does not: one predicate a chunk instead of eight, which
 // ptxas would otherwise keep in registers across the row loop).
