@@ -28,7 +28,7 @@ from transformer_engine.pytorch.cpp_extensions.tensor_desc import DType, current
 import transformer_engine.pytorch.tensor._internal.float8_tensor_base as _f8
 
 __all__ = [
-    "CPU", "CUDA", "CoreDevice", "Fp8Output", "core_device", "cuda_workspace",
+    "CPU", "CUDA", "CoreDevice", "Fp8Output", "core_device", "core_device_at", "cuda_workspace",
     "quantize", "quantize_current_scaling", "dbias_quantize", "gemm", "gemm_bias_grad", "delayed_scaling_update",
     "norm_forward", "norm_backward", "activation_forward", "activation_backward", "dact_dbias_quantize",
 ]
@@ -78,6 +78,18 @@ def core_device(t: torch.Tensor) -> CoreDevice:
     if t.is_cpu:
         return _CPU_DEVICE
     raise ValueError(f"OpenTE modules run on CPU or CUDA tensors, got a tensor on {t.device}")
+
+
+def core_device_at(device: torch.device) -> CoreDevice:
+    """The CoreDevice of ``device`` as of now (torch's current stream there), for work
+    that runs later than the tensors it reads were made (delay_wgrad_compute)."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        _, ws, ws_size = cuda_workspace(index)
+        return CoreDevice(CUDA, index, current_stream(index), ws, ws_size)
+    if device.type == "cpu":
+        return _CPU_DEVICE
+    raise ValueError(f"OpenTE modules run on CPU or CUDA tensors, got a tensor on {device}")
 
 
 _CORE_DTYPES = {torch.float32: int(DType.kFloat32), torch.float16: int(DType.kFloat16),

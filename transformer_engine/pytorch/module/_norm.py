@@ -28,6 +28,16 @@ def make_norm_parameters(module: torch.nn.Module, hidden_size: int, normalizatio
     module.register_parameter(f"{prefix}bias", bias if normalization == "LayerNorm" else None)
 
 
+def reset_norm_parameters(module: torch.nn.Module, zero_centered_gamma: bool, prefix: str) -> None:
+    """Gives ``{prefix}weight`` and ``{prefix}bias`` (when there is one) the values
+    make_norm_parameters made them with."""
+    with torch.no_grad():
+        module._parameters[f"{prefix}weight"].fill_(0.0 if zero_centered_gamma else 1.0)
+        bias = module._parameters.get(f"{prefix}bias")
+        if bias is not None:
+            bias.zero_()
+
+
 def norm_forward(normalization: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                  eps: float, zero_centered_gamma: bool, dev: CoreDevice, fp8: Optional[Fp8Output] = None):
     """(out, mu, rsigma) of the 2-D ``x``; mu is None for RMSNorm. out in x's dtype, or FP8

@@ -1,11 +1,12 @@
 """What every Transformer Engine module shares: reading the FP8 state at the start of a
 forward, its delayed-scaling metadata (saved in the module's extra state), FP8 casts by
-the recipe, the GEMM workspace, and the checks of the (not yet implemented) tensor- and
-sequence-parallel options."""
+the recipe, the GEMM workspace, the checks of the (not yet implemented) tensor- and
+sequence-parallel options, the weights' initial values (for reset_parameters) and the
+weight gradients left for later (delay_wgrad_compute: backward_dw)."""
 
 from __future__ import annotations
 
-from typing import Dict, NamedTuple, Optional
+from typing import Callable, Dict, NamedTuple, Optional
 
 import torch
 
@@ -18,6 +19,7 @@ from transformer_engine.pytorch.fp8 import (
     get_default_fp8_recipe,
     get_fp8_te_dtype,
 )
+from transformer_engine.pytorch.module.wgrad_store import WeightGradStore, accumulate_grad
 from transformer_engine.pytorch.tensor import Float8CurrentScalingQuantizer, Float8TensorBase
 
 __all__ = ["TransformerEngineBaseModule", "FP8Step", "get_workspace", "default_device", "activation_dtype_of",
@@ -84,7 +86,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
     num_fp8_bwd = 0
 
     def __init__(self, *, tp_group=None, tp_size: int = 1, sequence_parallel: bool = False,
-                 parallel_mode: Optional[str] = None):
+                 parallel_mode: Optional[str] = None, delay_wgrad_compute: bool = False):
         super().__init__()
         if parallel_mode not in (None, "column", "row", "Column", "Row"):
             raise ValueError(f"parallel_mode must be None, 'column' or 'row', got {parallel_mode!r}")
@@ -99,6 +101,8 @@ class TransformerEngineBaseModule(torch.nn.Module):
         self._fp8_weight_cache: Dict[str, Float8TensorBase] = {}
         self.fp8 = False
         self.fp8_calibration = False
+        self.wgrad_store = WeightGradStore(delay_wgrad_compute)
+        self.wgrad_accumulation_and_reduce_hooks = []
 
     # ---- parallelism (accepted; communication arrives with its own issue) ----
     def set_tensor_parallel_group(self, tp_group) -> None:
@@ -112,6 +116,36 @@ class TransformerEngineBaseModule(torch.nn.Module):
                 f"{type(self).__name__}: tensor parallelism (tp_size / tp_group of {size} ranks) is not "
                 "implemented in OpenTE yet; use tp_size=1")
         self.tp_group = tp_group
+
+    # ---- delay_wgrad_compute: the weight gradients of a backward, computed later ----
+    def need_backward_dw(self) -> bool:
+        """Whether this module's backward leaves its weight gradients to ``backward_dw``
+        (``delay_wgrad_compute=True``)."""
+        return self.wgrad_store.delay_wgrad_compute
+
+    def backward_dw(self) -> None:
+        """Runs the weight-gradient GEMMs that the oldest backward still waiting for them
+        left (``delay_wgrad_compute=True``) and adds their results to the weights' (and
+        the biases') ``.grad``, or into ``main_grad`` with ``fuse_wgrad_accumulation``, as
+        that backward would have; then calls the hooks registered with
+        ``register_wgrad_accumulation_and_reduce_hooks``. Does nothing when no backward
+        is waiting."""
+        entry = self.wgrad_store.pop()
+        if entry is None:
+            return
+        with torch.no_grad():
+            for deferred in entry:
+                dw, dbias = deferred.compute()
+                accumulate_grad(deferred.weights, dw)
+                accumulate_grad(deferred.biases, dbias)
+        for hook in self.wgrad_accumulation_and_reduce_hooks:
+            hook()
+
+    def register_wgrad_accumulation_and_reduce_hooks(self, hook: Callable[[], None]) -> None:
+        """``hook()`` runs at the end of each ``backward_dw`` that had a backward's work to
+        do (a data-parallel gradient reduction, say: the weights' autograd hooks do not
+        fire for the gradients that backward_dw adds)."""
+        self.wgrad_accumulation_and_reduce_hooks.append(hook)
 
     # ---- FP8 state of a forward ----
     def prepare_forward(self, device: torch.device) -> FP8Step:
@@ -178,6 +212,36 @@ class TransformerEngineBaseModule(torch.nn.Module):
             cache[name] = w_fp8
         return w_fp8
 
+    def init_weights(self, names, shape, init_method: Callable[[torch.Tensor], None]) -> None:
+        """Runs ``init_method`` on a weight of ``shape`` whose rows are the parameters
+        ``names`` stacked (one parameter, or the parts of a split one), and writes the
+        values into them; an FP8 parameter (fp8_model_init) is quantized from them."""
+        params = [self._parameters[name] for name in names]
+        if len(params) == 1 and not isinstance(params[0], Float8TensorBase):
+            init_method(params[0].data)  # in place: no second copy of a large weight
+            return
+        value = torch.empty(shape, dtype=self.params_dtype, device=params[0].device)
+        init_method(value)
+        offset = 0
+        with torch.no_grad():
+            for param in params:
+                part = value[offset:offset + param.shape[0]]
+                if isinstance(param, Float8TensorBase):
+                    param.quantize_(part)
+                    if getattr(param, "_high_precision_init_val", None) is not None:
+                        _keep_high_precision_init_val(param, part)
+                else:
+                    param.copy_(part)
+                offset += param.shape[0]
+
+    def mark_delayed_wgrad_weights(self, names) -> None:
+        """Under delay_wgrad_compute, flags the weights ``names`` with
+        ``skip_backward_post_hook`` (Transformer Engine's attribute, read by Megatron-style
+        gradient hooks): backward_dw, not autograd, produces their gradients."""
+        if self.wgrad_store.delay_wgrad_compute:
+            for name in names:
+                self._parameters[name].skip_backward_post_hook = True
+
     def make_fp8_parameters(self, names) -> None:
         """Under fp8_model_init, replaces the parameters ``names`` by Float8Tensor parameters
         holding only FP8 data (cast with current scaling from each weight's own amax, in
@@ -186,6 +250,9 @@ class TransformerEngineBaseModule(torch.nn.Module):
         manager = FP8GlobalStateManager
         if not manager.with_fp8_parameters():
             return
+        if any(self._parameters[name].is_meta for name in names):
+            raise NotImplementedError(f"{type(self).__name__}: device='meta' (deferred init) together with "
+                                      "fp8_model_init is not implemented in OpenTE yet")
         recipe = manager.FP8_MODEL_INIT_RECIPE or get_default_fp8_recipe()
         fp8_dtype = get_fp8_te_dtype(recipe, True)
         for name in names:

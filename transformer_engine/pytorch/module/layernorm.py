@@ -66,7 +66,11 @@ class _Norm(torch.nn.Module):
         make_norm_parameters(self, hidden_size, self.normalization, self.zero_centered_gamma, params_dtype, device,
                              prefix="")
 
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, defer_init: bool = False) -> None:
+        """weight ones (zeros with zero_centered_gamma), bias zeros; ``defer_init=True``
+        does nothing (parameters on the meta device: call this after ``to_empty``)."""
+        if defer_init:
+            return
         with torch.no_grad():
             self.weight.fill_(0.0 if self.zero_centered_gamma else 1.0)
             if self.bias is not None:

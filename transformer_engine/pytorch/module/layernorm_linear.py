@@ -9,7 +9,13 @@ from typing import Callable, Dict, Optional, Tuple, Union
 import torch
 
 from transformer_engine.pytorch.cpp_extensions.module_ops import CoreDevice, Fp8Output, core_device
-from transformer_engine.pytorch.module._norm import check_normalization, make_norm_parameters, norm_backward, norm_forward
+from transformer_engine.pytorch.module._norm import (
+    check_normalization,
+    make_norm_parameters,
+    norm_backward,
+    norm_forward,
+    reset_norm_parameters,
+)
 from transformer_engine.pytorch.module.base import FP8Step, activation_dtype_of, check_fp8_dims
 from transformer_engine.pytorch.module.linear import (
     Linear,
@@ -68,9 +74,12 @@ class _LayerNormLinearFunction(torch.autograd.Function):
         dev = core_device(grad_out)
         dy = to_2d(grad_out, weight.shape[0], ctx.dtype)
         want_dbias = ctx.bias_dtype is not None and ctx.needs_input_grad[4]
+        defer_to = module.wgrad_target(want_dbias) if module.wgrad_store.delay_wgrad_compute else None
         d_ln_out, dw, dbias = linear_gemm_backward(ctx.step, dy, saved_x, saved_w, weight, ctx.dtype,
                                                    weight.requires_grad, True, module.fuse_wgrad_accumulation,
-                                                   dev, want_dbias=want_dbias)
+                                                   dev, want_dbias=want_dbias, defer_to=defer_to)
+        if defer_to is not None:
+            module.wgrad_store.put(defer_to.entry)
         dbias = dbias.to(ctx.bias_dtype) if dbias is not None else None
         if grad_ln_out is not None:
             d_ln_out = d_ln_out + to_2d(grad_ln_out, module.in_features, ctx.dtype)
@@ -120,6 +129,14 @@ class LayerNormLinear(Linear):
         order = ["layer_norm_weight", "layer_norm_bias"]
         self._parameters = dict(
             [(k, self._parameters[k]) for k in order] + [(k, v) for k, v in self._parameters.items() if k not in order])
+
+    def reset_parameters(self, defer_init: bool = False) -> None:
+        """Linear's initial values (see Linear.reset_parameters), and the norm's: weight
+        ones (zeros with zero_centered_gamma), bias zeros."""
+        if defer_init:
+            return
+        super().reset_parameters()
+        reset_norm_parameters(self, self.zero_centered_gamma, prefix="layer_norm_")
 
     @property
     def weight_device(self) -> torch.device:

@@ -17,7 +17,12 @@ import torch
 from transformer_engine import _core
 from transformer_engine.pytorch.cpp_extensions import module_ops
 from transformer_engine.pytorch.cpp_extensions.module_ops import CoreDevice, Fp8Output, core_device
-from transformer_engine.pytorch.module._norm import check_normalization, make_norm_parameters, norm_backward
+from transformer_engine.pytorch.module._norm import (
+    check_normalization,
+    make_norm_parameters,
+    norm_backward,
+    reset_norm_parameters,
+)
 from transformer_engine.pytorch.module.base import (
     FP8Step,
     TransformerEngineBaseModule,
@@ -35,6 +40,7 @@ from transformer_engine.pytorch.module.linear import (
     to_2d,
     to_shape,
 )
+from transformer_engine.pytorch.module.wgrad_store import WgradTarget
 
 __all__ = ["LayerNormMLP"]
 
@@ -126,13 +132,21 @@ class _LayerNormMLPFunction(torch.autograd.Function):
         dy = to_2d(grad_out, module.hidden_size, dtype)
         want_b2 = b2_dtype is not None and ctx.needs_input_grad[5]
         want_b1 = b1_dtype is not None and ctx.needs_input_grad[3]
+        fc2_target = fc1_target = None
+        if module.wgrad_store.delay_wgrad_compute:
+            # One entry for both GEMMs; fc1's bias gradient comes from the activation's backward.
+            entry = []
+            fc2_target = WgradTarget(entry, [fc2_weight], [module.fc2_bias] if want_b2 else [])
+            fc1_target = WgradTarget(entry, [fc1_weight], [])
         d_act, d_w2, d_b2 = linear_gemm_backward(step, dy, saved_act, saved_w2, fc2_weight, dtype,
                                                  fc2_weight.requires_grad, True, fuse, dev, index=0,
-                                                 want_dbias=want_b2)
+                                                 want_dbias=want_b2, defer_to=fc2_target)
         d_fc1_out, d_fc1_fp8, d_b1 = activation_backward(step, module.activation, d_act, fc1_out, want_b1, dev)
         d_ln_out, d_w1, _ = linear_gemm_backward(step, d_fc1_out, saved_ln, saved_w1, fc1_weight, dtype,
                                                  fc1_weight.requires_grad, True, fuse, dev, index=1,
-                                                 dy_fp8=d_fc1_fp8)
+                                                 dy_fp8=d_fc1_fp8, defer_to=fc1_target)
+        if fc2_target is not None:
+            module.wgrad_store.put(fc2_target.entry)
         d_b1 = d_b1.to(b1_dtype) if d_b1 is not None else None
         d_b2 = d_b2.to(b2_dtype) if d_b2 is not None else None
         if grad_ln_out is not None:
@@ -149,7 +163,9 @@ class LayerNormMLP(TransformerEngineBaseModule):
     """``fc2(act(fc1(norm(x))))``. Parameters ``layer_norm_weight`` (``layer_norm_bias``),
     ``fc1_weight`` [ffn_hidden_size (x2 for gated activations), hidden_size], ``fc1_bias``,
     ``fc2_weight`` [hidden_size, ffn_hidden_size], ``fc2_bias``. ``activation``: gelu, qgelu,
-    relu, srelu, silu, geglu, qgeglu, reglu, sreglu, swiglu."""
+    relu, srelu, silu, geglu, qgeglu, reglu, sreglu, swiglu. ``delay_wgrad_compute`` and
+    ``device="meta"`` as in Linear (fc1's bias gradient, from the activation's backward,
+    is never delayed)."""
 
     num_fp8_fwd = 4
     num_fp8_bwd = 2
@@ -168,10 +184,11 @@ class LayerNormMLP(TransformerEngineBaseModule):
                  delay_wgrad_compute: bool = False, symmetric_ar_type: Optional[str] = None,
                  activation_params: Optional[dict] = None, checkpoint: bool = False):
         super().__init__(tp_group=tp_group, tp_size=tp_size, sequence_parallel=sequence_parallel,
-                         parallel_mode="column" if set_parallel_mode else None)
+                         parallel_mode="column" if set_parallel_mode else None,
+                         delay_wgrad_compute=delay_wgrad_compute)
         for flag, value in (("ub_overlap_ag", ub_overlap_ag), ("ub_overlap_rs", ub_overlap_rs),
                             ("ub_overlap_rs_dgrad", ub_overlap_rs_dgrad), ("ub_bulk_dgrad", ub_bulk_dgrad),
-                            ("ub_bulk_wgrad", ub_bulk_wgrad), ("delay_wgrad_compute", delay_wgrad_compute),
+                            ("ub_bulk_wgrad", ub_bulk_wgrad),
                             ("checkpoint", checkpoint)):
             if value:
                 raise NotImplementedError(f"LayerNormMLP: {flag}=True is not implemented in OpenTE yet")
@@ -204,16 +221,34 @@ class LayerNormMLP(TransformerEngineBaseModule):
         make_norm_parameters(self, hidden_size, normalization, self.zero_centered_gamma, params_dtype, device,
                              prefix="layer_norm_")
         fc1_rows = ffn_hidden_size * (2 if ACTIVATIONS[activation][1] else 1)
-        init_method = default_init_method if init_method is None else init_method
-        output_layer_init_method = init_method if output_layer_init_method is None else output_layer_init_method
-        for prefix, shape, init in (("fc1", (fc1_rows, hidden_size), init_method),
-                                    ("fc2", (hidden_size, ffn_hidden_size), output_layer_init_method)):
-            weight = torch.empty(shape, dtype=params_dtype, device=device)
-            init(weight)
-            self.register_parameter(f"{prefix}_weight", torch.nn.Parameter(weight))
-            bias_value = torch.zeros(shape[0], dtype=params_dtype, device=device) if self.use_bias else None
+        self.init_method = default_init_method if init_method is None else init_method
+        self.output_layer_init_method = (self.init_method if output_layer_init_method is None
+                                         else output_layer_init_method)
+        # Made empty, then given their values by reset_parameters (later on the meta device).
+        for prefix, shape in (("fc1", (fc1_rows, hidden_size)), ("fc2", (hidden_size, ffn_hidden_size))):
+            self.register_parameter(f"{prefix}_weight",
+                                    torch.nn.Parameter(torch.empty(shape, dtype=params_dtype, device=device)))
+            bias_value = torch.empty(shape[0], dtype=params_dtype, device=device) if self.use_bias else None
             self.register_parameter(f"{prefix}_bias", torch.nn.Parameter(bias_value) if self.use_bias else None)
+        self.reset_parameters(defer_init=device.type == "meta")
         self.make_fp8_parameters(["fc1_weight", "fc2_weight"])
+        self.mark_delayed_wgrad_weights(["fc1_weight", "fc2_weight"])
+
+    def reset_parameters(self, defer_init: bool = False) -> None:
+        """Gives the parameters their initial values: the norm's weight ones (zeros with
+        zero_centered_gamma) and bias zeros, fc1_weight from ``init_method``, fc2_weight
+        from ``output_layer_init_method``, the biases zeros. ``defer_init=True`` does
+        nothing (parameters on the meta device: call this after ``to_empty``)."""
+        if defer_init:
+            return
+        reset_norm_parameters(self, self.zero_centered_gamma, prefix="layer_norm_")
+        for prefix, init in (("fc1", self.init_method), ("fc2", self.output_layer_init_method)):
+            weight = self._parameters[f"{prefix}_weight"]
+            self.init_weights([f"{prefix}_weight"], weight.shape, init)
+            if self.use_bias:
+                with torch.no_grad():
+                    self._parameters[f"{prefix}_bias"].zero_()
+        self.mark_delayed_wgrad_weights(["fc1_weight", "fc2_weight"])  # to_empty may have made new parameters
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None):
         check_module_input("LayerNormMLP", inp, self.hidden_size, "hidden_size", self.fc1_weight.device)

@@ -16,7 +16,7 @@ from typing import Callable, Dict, Optional, Tuple, Union
 import torch
 
 from transformer_engine.pytorch.cpp_extensions import general_gemm, module_ops
-from transformer_engine.pytorch.cpp_extensions.module_ops import CUDA, CoreDevice, core_device
+from transformer_engine.pytorch.cpp_extensions.module_ops import CUDA, CoreDevice, core_device, core_device_at
 from transformer_engine.pytorch.fp8 import FP8GlobalStateManager
 from transformer_engine.pytorch.tensor import Float8TensorBase
 from transformer_engine.pytorch.module.base import (
@@ -30,6 +30,7 @@ from transformer_engine.pytorch.module.base import (
     get_workspace,
     record_amax,
 )
+from transformer_engine.pytorch.module.wgrad_store import WgradTarget
 
 __all__ = ["Linear"]
 
@@ -137,17 +138,22 @@ def _cast_grad(step: FP8Step, dy: torch.Tensor, index: int, want_dbias: bool, ne
 
 def linear_gemm_backward(step: FP8Step, dy: Optional[torch.Tensor], saved_x, saved_w, weight, dtype: torch.dtype,
                          need_wgrad: bool, need_dgrad: bool, fuse_wgrad_accumulation: bool, dev: CoreDevice,
-                         index: int = 0, want_dbias: bool = False, dy_fp8: Optional[Float8TensorBase] = None):
+                         index: int = 0, want_dbias: bool = False, dy_fp8: Optional[Float8TensorBase] = None,
+                         defer_to: Optional[WgradTarget] = None):
     """dgrad and wgrad of a linear layer from its output gradient ``dy`` (2-D, ``dtype``),
     cast to FP8 (backward tensor ``index``) under FP8 unless ``dy_fp8`` is already that
     cast. With ``want_dbias`` also the bias gradient (dy summed over rows, ``dtype``):
     under delayed scaling from the same pass as the cast. Returns (dx, dw, dbias); dw is
-    None when it went into ``weight.main_grad`` (fuse_wgrad_accumulation)."""
+    None when it went into ``weight.main_grad`` (fuse_wgrad_accumulation).
+
+    With ``defer_to`` (delay_wgrad_compute) the wgrad GEMM is handed to it instead of run,
+    with the tensors it reads; dw is then None, and so is dbias when it comes with the
+    wgrad GEMM (high precision: its epilogue on the GPU)."""
     main_grad = getattr(weight, "main_grad", None) if fuse_wgrad_accumulation else None
     if fuse_wgrad_accumulation and need_wgrad and main_grad is None:
         raise RuntimeError("fuse_wgrad_accumulation=True needs weight.main_grad, a pre-allocated buffer of "
                            f"the weight's shape {tuple(weight.shape)} to accumulate into")
-    dx = dw = dbias = None
+    dx = dbias = None
     if step.fp8:
         if dy_fp8 is None:
             dbias, dy_fp8 = _cast_grad(step, dy, index, want_dbias, need_dgrad, need_wgrad, dev)
@@ -156,33 +162,52 @@ def linear_gemm_backward(step: FP8Step, dy: Optional[torch.Tensor], saved_x, sav
         if need_dgrad:
             dx = module_ops.gemm(saved_w, dy_fp8, dev, dtype, False, False,
                                  split_accumulator=_split(step, "fp8_gemm_dgrad"))
-        if need_wgrad:
-            if main_grad is not None:  # a buffer of the user's: through the checked helper
-                general_gemm(saved_x, dy_fp8, get_workspace(dy.device), out_dtype=main_grad.dtype, layout="NT",
-                             out=main_grad, accumulate=True, use_split_accumulator=_split(step, "fp8_gemm_wgrad"))
-            else:
-                dw = module_ops.gemm(saved_x, dy_fp8, dev, dtype, False, True,
-                                     split_accumulator=_split(step, "fp8_gemm_wgrad"))
+        dy_for_wgrad, wgrad_dbias = dy_fp8, False
     else:
         if step.calibrating:
             record_amax(dy, step, False, index)
         if need_dgrad:
             dx = hp_dgrad(saved_w, dy, dev)
-        if need_wgrad:
-            if main_grad is not None:
-                hp_wgrad(saved_x, dy, dev, out=main_grad)
-            elif want_dbias and dev.type == CUDA:  # dbias from the wgrad GEMM's epilogue: one launch fewer
-                dw, dbias = module_ops.gemm_bias_grad(saved_x, dy, dev, dy.dtype, False, True)
-            else:
-                dw = hp_wgrad(saved_x, dy, dev)
+        dy_for_wgrad, wgrad_dbias = dy, want_dbias and need_wgrad
+        if want_dbias and not need_wgrad:
+            dbias = dy.sum(0)
+    if not need_wgrad:
+        return dx, None, dbias
+    if defer_to is not None:
+        defer_to.defer(lambda: linear_wgrad(step, saved_x, dy_for_wgrad, weight, dtype, main_grad, wgrad_dbias,
+                                            core_device_at(weight.device)))
+        return dx, None, dbias
+    dw, wgrad_bias = linear_wgrad(step, saved_x, dy_for_wgrad, weight, dtype, main_grad, wgrad_dbias, dev)
+    return dx, dw, (wgrad_bias if wgrad_dbias else dbias)
+
+
+def linear_wgrad(step: FP8Step, saved_x, dy, weight, dtype: torch.dtype, main_grad: Optional[torch.Tensor],
+                 want_dbias: bool, dev: CoreDevice):
+    """The weight-gradient GEMM dy^T x (``dy`` in FP8 under FP8), added into ``main_grad``
+    when given; with ``want_dbias`` (high precision only) also dy's column sums. Returns
+    (dw in the weight's dtype or None when it went into main_grad, dbias or None)."""
+    dw = dbias = None
+    if step.fp8:
+        if main_grad is not None:  # a buffer of the user's: through the checked helper
+            general_gemm(saved_x, dy, get_workspace(main_grad.device), out_dtype=main_grad.dtype, layout="NT",
+                         out=main_grad, accumulate=True, use_split_accumulator=_split(step, "fp8_gemm_wgrad"))
+        else:
+            dw = module_ops.gemm(saved_x, dy, dev, dtype, False, True, split_accumulator=_split(step, "fp8_gemm_wgrad"))
+    else:
+        if main_grad is not None:
+            hp_wgrad(saved_x, dy, dev, out=main_grad)
+        elif want_dbias and dev.type == CUDA:  # dbias from the wgrad GEMM's epilogue: one launch fewer
+            dw, dbias = module_ops.gemm_bias_grad(saved_x, dy, dev, dy.dtype, False, True)
+        else:
+            dw = hp_wgrad(saved_x, dy, dev)
         if want_dbias and dbias is None:
             dbias = dy.sum(0)
-    if main_grad is not None and need_wgrad:
+    if main_grad is not None:
         # Megatron-style optimizers read main_grad and check this flag.
         weight.grad_added_to_main_grad = True
     if dw is not None and dw.dtype != weight.dtype:
         dw = dw.to(weight.dtype)
-    return dx, dw, dbias
+    return dw, dbias
 
 
 def finish_backward(step: FP8Step) -> None:
@@ -219,7 +244,8 @@ class _LinearFunction(torch.autograd.Function):
                                                     need_wgrad, need_dgrad, dev)
         # One ctx attribute: each costs a dict store here and a load in the backward.
         ctx.state = (saved_x, saved_w, weight, step, dtype, inp.shape, inp.dtype,
-                     bias.dtype if bias is not None else None, module.fuse_wgrad_accumulation, need_wgrad, need_dgrad)
+                     bias.dtype if bias is not None else None, module.fuse_wgrad_accumulation, need_wgrad, need_dgrad,
+                     module if module.wgrad_store.delay_wgrad_compute else None)
         if inp.dim() == 2:
             return out
         return out.view(*inp.shape[:-1], weight.shape[0])
@@ -227,12 +253,15 @@ class _LinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         (saved_x, saved_w, weight, step, dtype, inp_shape, inp_dtype, bias_dtype, fuse_wgrad_accumulation,
-         need_wgrad, need_dgrad), ctx.state = ctx.state, None  # the saved tensors go with the step
+         need_wgrad, need_dgrad, delaying_module), ctx.state = ctx.state, None  # the saved tensors go with the step
         dev = core_device(grad_out)  # the stream of the backward, which may differ from the forward's
         dy = to_2d(grad_out, weight.shape[0], dtype)
         want_dbias = bias_dtype is not None and ctx.needs_input_grad[2]
+        defer_to = delaying_module.wgrad_target(want_dbias) if delaying_module is not None else None
         dx, dw, dbias = linear_gemm_backward(step, dy, saved_x, saved_w, weight, dtype, need_wgrad, need_dgrad,
-                                             fuse_wgrad_accumulation, dev, want_dbias=want_dbias)
+                                             fuse_wgrad_accumulation, dev, want_dbias=want_dbias, defer_to=defer_to)
+        if defer_to is not None:
+            delaying_module.wgrad_store.put(defer_to.entry)
         if dbias is not None and dbias.dtype != bias_dtype:
             dbias = dbias.to(bias_dtype)
         finish_backward(step)
@@ -251,7 +280,14 @@ def _split(step: FP8Step, gemm: str, default: bool = True) -> bool:
 
 class Linear(TransformerEngineBaseModule):
     """Applies ``y = x W^T + b``; a drop-in replacement for torch.nn.Linear that runs in
-    FP8 under ``fp8_autocast`` (see Transformer Engine's documentation for the options)."""
+    FP8 under ``fp8_autocast`` (see Transformer Engine's documentation for the options).
+
+    ``delay_wgrad_compute=True``: the backward computes the input gradient only and leaves
+    the weight-gradient GEMM for ``backward_dw()`` (one call per backward, oldest first),
+    which also adds the bias gradient where it comes from that GEMM (high precision; in
+    FP8 it comes from the output gradient's cast, in the backward). ``device="meta"``:
+    parameters without memory or values until ``to_empty(device=...)`` and
+    ``reset_parameters()``."""
 
     num_fp8_fwd = 2  # input, weight
     num_fp8_bwd = 1  # output gradient
@@ -267,10 +303,10 @@ class Linear(TransformerEngineBaseModule):
                  ub_bulk_wgrad: bool = False, ub_name: Optional[str] = None, delay_wgrad_compute: bool = False,
                  symmetric_ar_type: Optional[str] = None, name: Optional[str] = None):
         super().__init__(tp_group=tp_group, tp_size=tp_size, sequence_parallel=sequence_parallel,
-                         parallel_mode=parallel_mode)
+                         parallel_mode=parallel_mode, delay_wgrad_compute=delay_wgrad_compute)
         for flag, value in (("ub_overlap_ag", ub_overlap_ag), ("ub_overlap_rs", ub_overlap_rs),
                             ("ub_overlap_rs_dgrad", ub_overlap_rs_dgrad), ("ub_bulk_dgrad", ub_bulk_dgrad),
-                            ("ub_bulk_wgrad", ub_bulk_wgrad), ("delay_wgrad_compute", delay_wgrad_compute)):
+                            ("ub_bulk_wgrad", ub_bulk_wgrad)):
             if value:
                 raise NotImplementedError(f"Linear: {flag}=True is not implemented in OpenTE yet")
         if symmetric_ar_type is not None:
@@ -286,30 +322,41 @@ class Linear(TransformerEngineBaseModule):
         if params_dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise TypeError(f"Linear: params_dtype must be float32, float16 or bfloat16, got {params_dtype}")
         device = default_device() if device is None else torch.device(device)
-        if device.type == "meta":
-            raise NotImplementedError("Linear: device='meta' (deferred init) is not implemented in OpenTE yet")
         self.params_dtype = params_dtype
-        init_method = default_init_method if init_method is None else init_method
+        self.init_method = default_init_method if init_method is None else init_method
 
+        # Made empty, then given their values by reset_parameters (later on the meta device:
+        # deferred init, nothing allocated until to_empty).
         self._split = _split_sizes(parameters_split, out_features)
-        weight = torch.empty(out_features, in_features, dtype=params_dtype, device=device)
-        init_method(weight)
-        bias_value = torch.zeros(out_features, dtype=params_dtype, device=device) if self.use_bias else None
-        if self._split is None:
-            self.weight = torch.nn.Parameter(weight)
-            self.bias = torch.nn.Parameter(bias_value) if self.use_bias else None
-            self._weight_names, self._bias_names = ["weight"], (["bias"] if self.use_bias else [])
-        else:
-            self._weight_names, self._bias_names, offset = [], [], 0
-            for part, rows in self._split.items():
-                self.register_parameter(f"{part}_weight", torch.nn.Parameter(weight[offset:offset + rows].clone()))
-                self._weight_names.append(f"{part}_weight")
-                if self.use_bias:
-                    self.register_parameter(f"{part}_bias",
-                                            torch.nn.Parameter(bias_value[offset:offset + rows].clone()))
-                    self._bias_names.append(f"{part}_bias")
-                offset += rows
+        parts = {"": out_features} if self._split is None else {f"{part}_": rows for part, rows in self._split.items()}
+        self._weight_names, self._bias_names = [], []
+        for part, rows in parts.items():
+            self.register_parameter(f"{part}weight", torch.nn.Parameter(
+                torch.empty(rows, in_features, dtype=params_dtype, device=device)))
+            self._weight_names.append(f"{part}weight")
+            if self.use_bias:
+                self.register_parameter(f"{part}bias", torch.nn.Parameter(
+                    torch.empty(rows, dtype=params_dtype, device=device)))
+                self._bias_names.append(f"{part}bias")
+        if self._split is None and not self.use_bias:
+            self.bias = None
+        # Linear's, not self's: LayerNormLinear's also resets its norm, not made yet here.
+        Linear.reset_parameters(self, defer_init=device.type == "meta")
         self.make_fp8_parameters(self._weight_names)
+        self.mark_delayed_wgrad_weights(self._weight_names)
+
+    def reset_parameters(self, defer_init: bool = False) -> None:
+        """Gives the parameters their initial values: the weight from ``init_method`` (on
+        the whole [out_features, in_features] matrix, also when it is split), the bias
+        zeros. ``defer_init=True`` does nothing (parameters on the meta device: call this
+        after ``to_empty``)."""
+        if defer_init:
+            return
+        self.init_weights(self._weight_names, (self.out_features, self.in_features), self.init_method)
+        with torch.no_grad():
+            for name in self._bias_names:
+                self._parameters[name].zero_()
+        self.mark_delayed_wgrad_weights(self._weight_names)  # to_empty may have made new parameters
 
     # ---- parameters as the GEMM sees them ----
     def _joined(self, names):
@@ -324,6 +371,13 @@ class Linear(TransformerEngineBaseModule):
 
     def full_bias(self) -> Optional[torch.Tensor]:
         return self._joined(self._bias_names) if self.use_bias else None
+
+    def wgrad_target(self, with_bias: bool) -> WgradTarget:
+        """A new entry of the weight-gradient store for one backward (delay_wgrad_compute):
+        the weight's parameters, and the bias's when its gradient is wanted."""
+        params = self._parameters
+        return WgradTarget([], [params[n] for n in self._weight_names],
+                           [params[n] for n in self._bias_names] if with_bias else [])
 
     def check_input_and_parameters(self, inp, owner: str):
         """Checks the input against the layer; returns the (joined) weight and bias."""

@@ -212,6 +212,14 @@ class DotProductAttention(TransformerEngineBaseModule):
             attention_dropout_ctx=attention_dropout_ctx, layer_number=layer_number, softmax_type=softmax_type,
             return_max_logit=self.return_max_logit)
 
+    def reset_parameters(self, defer_init: bool = False) -> None:
+        """The learnable sink logits (softmax_type="learnable") back to 0, their initial value;
+        ``defer_init=True`` does nothing (parameters on the meta device: call this after
+        ``to_empty``)."""
+        if not defer_init and isinstance(self.softmax_offset, torch.nn.Parameter):
+            with torch.no_grad():
+                self.softmax_offset.zero_()
+
     def set_context_parallel_group(self, cp_group, cp_global_ranks, cp_stream, cp_comm_type: str = "p2p") -> None:
         """Sets the context-parallel attributes. A group of more than one rank is refused
         until OpenTE implements context parallelism."""
