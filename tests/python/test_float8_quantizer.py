@@ -257,6 +257,61 @@ def test_make_empty_then_fill(device, kind, layout, gen):
     check_bits(t, x, DType.kFloat8E4M3, q.scale.item())
 
 
+@pytest.mark.parametrize("kind", ["delayed", "current"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_update_quantized_noop_flag(device, kind, layout, gen):
+    """noop_flag 1: dst (every layout, scale_inv) and the quantizer's scale and amax keep
+    their values; any other value: the same update as without a flag. Decided on the
+    device: the flag is never read on the host (checked on CUDA below)."""
+    rowwise, columnwise = LAYOUTS[layout]
+
+    def make():
+        q = delayed(4.0, DType.kFloat8E4M3, device, amax=0.5) if kind == "delayed" else \
+            Float8CurrentScalingQuantizer(DType.kFloat8E4M3, device)
+        q.set_usage(rowwise=rowwise, columnwise=columnwise)
+        return q, q(torch.randn(5, 33, generator=gen).to(device))
+
+    x = torch.randn(5, 33, generator=gen).to(device) * 3
+    q, dst = make()
+    before = [b.clone() for b in (dst._data, dst._transpose, dst._scale_inv, q.scale, q.amax) if b is not None]
+    assert q.update_quantized(x, dst, noop_flag=torch.ones(1, device=device)) is dst
+    after = [b for b in (dst._data, dst._transpose, dst._scale_inv, q.scale, q.amax) if b is not None]
+    for old, new in zip(before, after):
+        assert torch.equal(old, new)
+
+    for flag in (0.0, 0.5):  # anything but 1 updates, exactly as without a flag
+        q, dst = make()
+        q_ref, dst_ref = q.copy(), dst.clone()
+        q_ref.scale, q_ref.amax = q.scale.clone(), q.amax.clone()
+        q.update_quantized(x, dst, noop_flag=torch.full((1,), flag, device=device))
+        q_ref.update_quantized(x, dst_ref)
+        for got, want in ((dst._data, dst_ref._data), (dst._transpose, dst_ref._transpose),
+                          (dst._scale_inv, dst_ref._scale_inv), (q.scale, q_ref.scale), (q.amax, q_ref.amax)):
+            if want is not None:
+                assert torch.equal(got, want)
+        check_bits(dst, x, DType.kFloat8E4M3, q.scale.item())
+    # Through Float8Tensor.quantize_ (what optimizers with a skip flag call).
+    q, dst = make()
+    old = dst.dequantize()
+    dst.quantize_(x, noop_flag=torch.ones(1, device=device))
+    assert torch.equal(dst.dequantize(), old)
+    dst.quantize_(x, noop_flag=torch.zeros(1, device=device))
+    assert not torch.equal(dst.dequantize(), old)
+
+
+@requires_cuda
+def test_update_quantized_noop_flag_does_not_synchronize_cuda():
+    q = delayed(3.0, DType.kFloat8E4M3, "cuda")
+    dst = q(torch.randn(64, 48, device="cuda"))
+    flag = torch.ones(1, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        q.update_quantized(torch.randn(64, 48, device="cuda"), dst, noop_flag=flag)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 def test_quantizer_copy_shares_state_not_usage(device):
     q = delayed(2.0, DType.kFloat8E4M3, device)
     c = q.copy()
@@ -342,8 +397,16 @@ def test_bad_input(kind):
         q.update_quantized(torch.ones(3, 2), dst)
     with pytest.raises(TypeError, match="can only update a Float8Tensor or Float8TensorBase, got Tensor"):
         q.update_quantized(torch.ones(2, 3), torch.ones(2, 3))
-    with pytest.raises(NotImplementedError, match="noop_flag"):
-        q.update_quantized(torch.ones(2, 3), dst, noop_flag=torch.zeros(1))
+    for flag, err, msg in ((0.0, TypeError, "noop_flag must be a torch.Tensor, got float"),
+                           (torch.zeros(1, dtype=torch.float64), ValueError, "noop_flag must be a float32 tensor"),
+                           (torch.zeros(2), ValueError, r"of one element, got torch.float32 of shape \(2,\)"),
+                           (torch.zeros(1, device="meta"), ValueError, "noop_flag is on meta but dst is on cpu")):
+        with pytest.raises(err, match=msg):
+            q.update_quantized(torch.ones(2, 3), dst, noop_flag=flag)
+    other_format = (delayed(1.0, DType.kFloat8E5M2, "cpu") if kind == "delayed" else
+                    Float8CurrentScalingQuantizer(DType.kFloat8E5M2, "cpu")).make_empty((2, 3))
+    with pytest.raises(ValueError, match="dst must already be in the quantizer's format kFloat8E4M3"):
+        q.update_quantized(torch.ones(2, 3), other_format, noop_flag=torch.zeros(1))
 
 
 def test_bad_current_scaling_arguments():

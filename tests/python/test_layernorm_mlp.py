@@ -165,3 +165,6 @@ def test_errors():
     m = te.LayerNormMLP(32, 64, device="cpu")
     with pytest.raises(ValueError, match="hidden_size=32"):
         m(torch.randn(8, 64))
+    # Transformer Engine reads activation_params only for clamped_swiglu, which OpenTE lacks.
+    with pytest.raises(NotImplementedError, match="activation='clamped_swiglu'.*OpenTE has no clamped_swiglu"):
+        te.LayerNormMLP(32, 64, activation="swiglu", activation_params={"limit": 7.0}, device="cpu")

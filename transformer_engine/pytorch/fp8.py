@@ -152,10 +152,17 @@ class DelayedScalingState:
         return {"amax_history": self.amax_history, "scale": self.scale, "scale_inv": self.scale_inv}
 
     def load_state_tensors(self, tensors: Dict[str, torch.Tensor]) -> None:
-        self.amax_history = tensors["amax_history"].to(self.scale.device, torch.float32).clone(
-            memory_format=torch.contiguous_format)
-        self.scale.copy_(tensors["scale"])
-        self.scale_inv.copy_(tensors["scale_inv"])
+        history = tensors["amax_history"].to(self.scale.device, torch.float32)
+        saved = history.shape[1]
+        if saved < self.num_tensors:
+            # Saved when the module had fewer slots (te.Linear before its output and input-
+            # gradient slots): those tensors first, the others start fresh.
+            padded = torch.zeros(history.shape[0], self.num_tensors, dtype=torch.float32, device=history.device)
+            padded[:, :saved] = history
+            history = padded
+        self.amax_history = history.clone(memory_format=torch.contiguous_format)
+        self.scale[:saved].copy_(tensors["scale"])
+        self.scale_inv[:saved].copy_(tensors["scale_inv"])
 
 
 def _reduce_current_amaxes(states: List[DelayedScalingState], group) -> None:

@@ -29,7 +29,8 @@ import transformer_engine.pytorch.tensor._internal.float8_tensor_base as _f8
 
 __all__ = [
     "CPU", "CUDA", "CoreDevice", "Fp8Output", "core_device", "core_device_at", "cuda_workspace",
-    "quantize", "quantize_current_scaling", "dbias_quantize", "gemm", "gemm_bias_grad", "delayed_scaling_update",
+    "quantize", "quantize_current_scaling", "dbias_quantize", "gemm", "gemm_fp8_output", "gemm_bias_grad",
+    "delayed_scaling_update",
     "norm_forward", "norm_backward", "activation_forward", "activation_backward", "dact_dbias_quantize",
 ]
 
@@ -267,6 +268,31 @@ def gemm(A, B, dev: CoreDevice, out_dtype: torch.dtype, transa: bool, transb: bo
                _EPILOGUE_BIAS if bias is not None else _EPILOGUE_NONE, 1.0, 0.0, bool(split_accumulator),
                dev.workspace, dev.workspace_size, dev.stream)
     return out
+
+
+def gemm_fp8_output(A, B, dev: CoreDevice, transa: bool, transb: bool, fp8_dtype: DType, scale: torch.Tensor,
+                    amax: torch.Tensor, *, bias: Optional[torch.Tensor] = None,
+                    split_accumulator: bool = False) -> _f8.Float8TensorBase:
+    """``op_B(B) @ op_A(A) (+ bias)`` (FP8 operands) written by the GEMM itself as a new
+    row-wise [m, n] FP8 tensor, cast with ``scale`` (float32 [1]) and raising ``amax``
+    (float32 [1]) to max(amax, max|result|), as a cast would. The GEMM overwrites the amax
+    it is given, so it gets a scratch one that is folded into ``amax`` afterwards."""
+    a_desc, a_rows, a_cols = _gemm_operand(A, dev, "A")
+    b_desc, b_rows, b_cols = _gemm_operand(B, dev, "B")
+    n = a_rows if transa else a_cols
+    m = b_cols if transb else b_rows
+    device = B.device
+    data = torch.empty(m, n, dtype=_U8, device=device)
+    gemm_amax = torch.empty(1, dtype=_F32, device=device)
+    scale_inv = torch.reciprocal(scale)  # the GEMM does not write it
+    out = _core.Tensor(dev.type, dev.index, int(fp8_dtype), (m, n), data.data_ptr(), 0, scale.data_ptr(),
+                       scale_inv.data_ptr(), gemm_amax.data_ptr(), _PER_TENSOR)
+    bias_desc = _float_desc(bias, dev, "bias") if bias is not None else None
+    _core.gemm(a_desc, b_desc, out, bias_desc, None, None, transa, transb,
+               _EPILOGUE_BIAS if bias is not None else _EPILOGUE_NONE, 1.0, 0.0, bool(split_accumulator),
+               dev.workspace, dev.workspace_size, dev.stream)
+    torch.maximum(amax, gemm_amax, out=amax)
+    return _f8.Float8TensorBase.wrap(data, None, scale_inv, fp8_dtype)
 
 
 def gemm_bias_grad(A: torch.Tensor, B: torch.Tensor, dev: CoreDevice, out_dtype: torch.dtype, transa: bool,

@@ -3,7 +3,7 @@ point for both kinds (``normalization`` "LayerNorm" or "RMSNorm"), and the param
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple, Union
 
 import torch
 
@@ -18,10 +18,10 @@ def check_normalization(normalization: str, owner: str) -> None:
         raise ValueError(f"{owner}: normalization must be 'LayerNorm' or 'RMSNorm', got {normalization!r}")
 
 
-def make_norm_parameters(module: torch.nn.Module, hidden_size: int, normalization: str, zero_centered_gamma: bool,
-                         dtype: torch.dtype, device: torch.device, prefix: str) -> None:
+def make_norm_parameters(module: torch.nn.Module, hidden_size: Union[int, Tuple[int, ...]], normalization: str,
+                         zero_centered_gamma: bool, dtype: torch.dtype, device: torch.device, prefix: str) -> None:
     """Registers ``{prefix}weight`` (ones, or zeros when zero-centered) and, for LayerNorm,
-    ``{prefix}bias`` (zeros)."""
+    ``{prefix}bias`` (zeros), of shape ``hidden_size`` (an int or the normalized shape)."""
     init = torch.zeros if zero_centered_gamma else torch.ones
     module.register_parameter(f"{prefix}weight", torch.nn.Parameter(init(hidden_size, dtype=dtype, device=device)))
     bias = torch.nn.Parameter(torch.zeros(hidden_size, dtype=dtype, device=device))

@@ -77,8 +77,8 @@ _NO_FP8_STEP = FP8Step(False, False, None, None, None, False)
 class TransformerEngineBaseModule(torch.nn.Module):
     """Base of Linear, LayerNormLinear, LayerNormMLP, LayerNorm-free FP8 modules.
 
-    A subclass says how many tensors it casts in each direction (``num_fp8_fwd`` inputs
-    and weights, ``num_fp8_bwd`` output gradients) and calls ``prepare_forward`` first
+    A subclass says how many tensors it casts in each direction (``num_fp8_fwd`` inputs,
+    weights and outputs, ``num_fp8_bwd`` gradients) and calls ``prepare_forward`` first
     thing in its forward.
     """
 

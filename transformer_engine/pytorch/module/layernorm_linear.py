@@ -16,7 +16,14 @@ from transformer_engine.pytorch.module._norm import (
     norm_forward,
     reset_norm_parameters,
 )
-from transformer_engine.pytorch.module.base import FP8Step, activation_dtype_of, check_fp8_dims
+from transformer_engine.pytorch.module._fp8_io import (
+    GRAD_INPUT_INDEX,
+    OUTPUT_INDEX,
+    fp8_io,
+    role_quantizer,
+    to_float8_tensor,
+)
+from transformer_engine.pytorch.module.base import FP8Step, activation_dtype_of, cast_to_fp8, check_fp8_dims
 from transformer_engine.pytorch.module.linear import (
     Linear,
     finish_backward,
@@ -48,7 +55,9 @@ def norm_then_maybe_fp8(step: FP8Step, normalization: str, x: torch.Tensor, ln_w
 class _LayerNormLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, weight, ln_weight, ln_bias, inp, bias, module: "LayerNormLinear", step: FP8Step,
-                dtype: torch.dtype, is_first_microbatch: Optional[bool]):
+                dtype: torch.dtype, is_first_microbatch: Optional[bool], fp8_io: Optional[Tuple[bool, bool]]):
+        # fp8_io: (fp8_output, fp8_grad) of an FP8 step, None otherwise.
+        fp8_output, fp8_grad = fp8_io or (False, False)
         dev = core_device(inp)
         x = to_2d(inp, module.in_features, dtype)
         b = bias.to(dtype) if bias is not None and bias.dtype != dtype else bias
@@ -57,12 +66,18 @@ class _LayerNormLinearFunction(torch.autograd.Function):
             step, module.normalization, x, ln_weight, ln_bias, module.eps, module.zero_centered_gamma,
             module.return_layernorm_output, need_wgrad, dev)
         out, saved_x, saved_w = linear_gemm_forward(module, step, ln_out, weight, b, dtype, is_first_microbatch,
-                                                    need_wgrad, need_dgrad, dev, x_fp8=ln_fp8)
+                                                    need_wgrad, need_dgrad, dev, x_fp8=ln_fp8,
+                                                    fp8_output=fp8_output)
         ctx.saved = (saved_x, saved_w, x, mu, rsigma)
         ctx.weight, ctx.ln_weight, ctx.step, ctx.dtype, ctx.module = weight, ln_weight, step, dtype, module
         ctx.inp_shape, ctx.inp_dtype = inp.shape, inp.dtype
         ctx.bias_dtype = bias.dtype if bias is not None else None
-        out = to_shape(out, (*inp.shape[:-1], weight.shape[0]))
+        ctx.fp8_grad = fp8_grad
+        out_shape = (*inp.shape[:-1], weight.shape[0])
+        if fp8_output:
+            out = to_float8_tensor(out, out_shape, dtype, role_quantizer(step, OUTPUT_INDEX, True, inp.device))
+        else:
+            out = to_shape(out, out_shape)
         if module.return_layernorm_output:
             return out, to_shape(ln_out, inp.shape)
         return out
@@ -72,7 +87,7 @@ class _LayerNormLinearFunction(torch.autograd.Function):
         (saved_x, saved_w, x, mu, rsigma), ctx.saved = ctx.saved, None
         module, weight = ctx.module, ctx.weight
         dev = core_device(grad_out)
-        dy = to_2d(grad_out, weight.shape[0], ctx.dtype)
+        dy = to_2d(grad_out, weight.shape[0], ctx.dtype, keep_fp8=ctx.step.fp8)
         want_dbias = ctx.bias_dtype is not None and ctx.needs_input_grad[4]
         defer_to = module.wgrad_target(want_dbias) if module.wgrad_store.delay_wgrad_compute else None
         d_ln_out, dw, dbias = linear_gemm_backward(ctx.step, dy, saved_x, saved_w, weight, ctx.dtype,
@@ -85,10 +100,16 @@ class _LayerNormLinearFunction(torch.autograd.Function):
             d_ln_out = d_ln_out + to_2d(grad_ln_out, module.in_features, ctx.dtype)
         dx, d_ln_weight, d_ln_bias = norm_backward(module.normalization, d_ln_out.contiguous(), x, mu, rsigma,
                                                    ctx.ln_weight, module.zero_centered_gamma, dev)
+        if ctx.fp8_grad:  # the norm's backward writes high precision: cast after it (before the update)
+            dx = cast_to_fp8(dx, ctx.step, GRAD_INPUT_INDEX, dev, forward=False, rowwise=True, columnwise=False)
         finish_backward(ctx.step)
-        dx = to_shape(dx, ctx.inp_shape)
-        dx = dx.to(ctx.inp_dtype) if dx.dtype != ctx.inp_dtype else dx
-        return dw, d_ln_weight, d_ln_bias, dx, dbias, None, None, None, None
+        if ctx.fp8_grad:
+            dx = to_float8_tensor(dx, ctx.inp_shape, ctx.inp_dtype,
+                                  role_quantizer(ctx.step, GRAD_INPUT_INDEX, False, weight.device))
+        else:
+            dx = to_shape(dx, ctx.inp_shape)
+            dx = dx.to(ctx.inp_dtype) if dx.dtype != ctx.inp_dtype else dx
+        return dw, d_ln_weight, d_ln_bias, dx, dbias, None, None, None, None, None
 
 
 class LayerNormLinear(Linear):
@@ -144,14 +165,15 @@ class LayerNormLinear(Linear):
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None,
                 fp8_output: bool = False, fp8_grad: bool = False):
-        if fp8_output or fp8_grad:
-            raise NotImplementedError("LayerNormLinear: fp8_output / fp8_grad are not implemented in OpenTE yet")
+        """``fp8_output`` / ``fp8_grad``: the output / the input's gradient as a Float8Tensor,
+        under fp8_autocast only (see Linear.forward)."""
         weight, bias = self.check_input_and_parameters(inp, "LayerNormLinear")
         step = self.prepare_forward(inp.device)
         dtype = activation_dtype_of(inp)
         fused_bias = bias if not self.return_bias else None
         result = _LayerNormLinearFunction.apply(weight, self.layer_norm_weight, self.layer_norm_bias, inp, fused_bias,
-                                                self, step, dtype, is_first_microbatch)
+                                                self, step, dtype, is_first_microbatch,
+                                                fp8_io(step, fp8_output, fp8_grad) if fp8_output or fp8_grad else None)
         out, ln_out = result if self.return_layernorm_output else (result, None)
         outputs = [out]
         if self.return_bias:

@@ -6,6 +6,10 @@ and the backward casts each gradient once, in both layouts, for the two GEMMs th
 
 FP8 metadata: forward tensors 0 norm output, 1 fc1 weight, 2 activation output, 3 fc2
 weight; backward tensors 0 fc2's output gradient, 1 fc1's output gradient.
+
+checkpoint=True (selective activation recompute): the forward keeps only its input and
+the FP8 weights; the backward runs norm -> fc1 -> activation again with the forward's
+scales, so it sees the same tensors as without recompute.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from transformer_engine.pytorch.module.linear import (
     to_shape,
 )
 from transformer_engine.pytorch.module.wgrad_store import WgradTarget
+from transformer_engine.pytorch.tensor import Float8TensorBase
 
 __all__ = ["LayerNormMLP"]
 
@@ -91,6 +96,60 @@ def activation_backward(step: FP8Step, activation: str, d_act: torch.Tensor, fc1
     return dx, None, (dx.sum(0) if want_dbias else None)
 
 
+def norm_fc1_activation(module: "LayerNormMLP", step: FP8Step, x: torch.Tensor, ln_weight, ln_bias, fc1_weight, b1,
+                        dtype: torch.dtype, is_first_microbatch: Optional[bool], w1_grad: bool, w2_grad: bool,
+                        dev: CoreDevice, w1_fp8: Optional[Float8TensorBase] = None):
+    """The first half of the forward on the 2-D input ``x``: (norm output in high precision
+    or None, mu, rsigma, fc1's saved input, fc1's saved weight, fc1_out, activation output
+    in high precision or None, in FP8 or None). ``w1_fp8``: fc1's FP8 weight as already cast."""
+    ln_out, ln_fp8, mu, rsigma = norm_then_maybe_fp8(
+        step, module.normalization, x, ln_weight, ln_bias, module.eps, module.zero_centered_gamma,
+        module.return_layernorm_output, w1_grad, dev)
+    fc1_out, saved_ln, saved_w1 = linear_gemm_forward(module, step, ln_out, fc1_weight, b1, dtype,
+                                                      is_first_microbatch, w1_grad, True, dev, x_fp8=ln_fp8,
+                                                      weight_name="fc1_weight", index=0, w_fp8=w1_fp8)
+    act_out, act_fp8 = activation_forward(step, module.activation, fc1_out, w2_grad, dev)
+    return ln_out, mu, rsigma, saved_ln, saved_w1, fc1_out, act_out, act_fp8
+
+
+class _ForwardScales:
+    """The forward scales a delayed-scaling step cast with, copied while it ran, in the
+    place of its state for the backward's recompute (checkpoint=True): the recompute must
+    cast exactly as the forward did, while the state's scales may have been updated at the
+    end of fp8_autocast since. It raises no amax (the forward recorded these tensors
+    already, and the history may have rolled on to the next step)."""
+
+    __slots__ = ("scale", "fp8_dtype")
+
+    def __init__(self, state):
+        self.scale = state.scale.clone()  # queued before the update that ends the autocast
+        self.fp8_dtype = state.fp8_dtype
+
+    def scale_address(self, index: int) -> int:
+        return self.scale.data_ptr() + 4 * index
+
+    def amax_address(self, index: int) -> int:
+        return 0
+
+
+def _recompute(ctx, x: torch.Tensor, saved_w1, dev: CoreDevice):
+    """checkpoint=True: norm -> fc1 -> activation again from the saved input, with the
+    forward's FP8 weights and scales, so the backward reads the same tensors as without
+    checkpointing. Returns (mu, rsigma, fc1's saved input, fc1_out, fc2's saved input)."""
+    ln_bias, b1, scales = ctx.recompute
+    module, step = ctx.module, ctx.step
+    ln_weight, fc1_weight, fc2_weight = ctx.weights
+    rstep = step._replace(calibrating=False)  # no amax recording either: the forward did it
+    if scales is not None:
+        rstep = rstep._replace(fwd_state=scales)
+    w1_grad, w2_grad = fc1_weight.requires_grad, fc2_weight.requires_grad
+    _, mu, rsigma, saved_ln, _, fc1_out, act_out, act_fp8 = norm_fc1_activation(
+        module, rstep, x, ln_weight, ln_bias, fc1_weight, b1, ctx.dtype, None, w1_grad, w2_grad, dev,
+        w1_fp8=saved_w1 if step.fp8 else None)
+    saved_act = (act_fp8 if step.fp8 else act_out) if w2_grad else None
+    return mu, rsigma, saved_ln, fc1_out, saved_act
+
+
 class _LayerNormMLPFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, ln_weight, ln_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias, inp,
@@ -100,17 +159,20 @@ class _LayerNormMLPFunction(torch.autograd.Function):
         b1 = fc1_bias.to(dtype) if fc1_bias is not None and fc1_bias.dtype != dtype else fc1_bias
         b2 = fc2_bias.to(dtype) if fc2_bias is not None and fc2_bias.dtype != dtype else fc2_bias
         w1_grad, w2_grad = fc1_weight.requires_grad, fc2_weight.requires_grad
-        ln_out, ln_fp8, mu, rsigma = norm_then_maybe_fp8(
-            step, module.normalization, x, ln_weight, ln_bias, module.eps, module.zero_centered_gamma,
-            module.return_layernorm_output, w1_grad, dev)
-        fc1_out, saved_ln, saved_w1 = linear_gemm_forward(module, step, ln_out, fc1_weight, b1, dtype,
-                                                          is_first_microbatch, w1_grad, True, dev, x_fp8=ln_fp8,
-                                                          weight_name="fc1_weight", index=0)
-        act_out, act_fp8 = activation_forward(step, module.activation, fc1_out, w2_grad, dev)
+        ln_out, mu, rsigma, saved_ln, saved_w1, fc1_out, act_out, act_fp8 = norm_fc1_activation(
+            module, step, x, ln_weight, ln_bias, fc1_weight, b1, dtype, is_first_microbatch, w1_grad, w2_grad, dev)
         out, saved_act, saved_w2 = linear_gemm_forward(module, step, act_out, fc2_weight, b2, dtype,
                                                        is_first_microbatch, w2_grad, True, dev, x_fp8=act_fp8,
                                                        weight_name="fc2_weight", index=2)
-        ctx.saved = (x, mu, rsigma, saved_ln, saved_w1, fc1_out, saved_act, saved_w2)
+        if module.checkpoint:
+            # Only what the backward needs to run norm -> fc1 -> activation again: the input,
+            # the FP8 weights as cast (the same operands; fc2's is its dgrad operand anyway)
+            # and the scales of this step. The activations go when this forward returns.
+            ctx.saved = (x, None, None, None, saved_w1, None, None, saved_w2)
+            ctx.recompute = (ln_bias, b1, _ForwardScales(step.fwd_state) if step.fp8 and step.delayed else None)
+        else:
+            ctx.saved = (x, mu, rsigma, saved_ln, saved_w1, fc1_out, saved_act, saved_w2)
+            ctx.recompute = None
         ctx.weights = (ln_weight, fc1_weight, fc2_weight)
         ctx.bias_dtypes = (fc1_bias.dtype if fc1_bias is not None else None,
                            fc2_bias.dtype if fc2_bias is not None else None)
@@ -129,7 +191,10 @@ class _LayerNormMLPFunction(torch.autograd.Function):
         b1_dtype, b2_dtype = ctx.bias_dtypes
         fuse = module.fuse_wgrad_accumulation
         dev = core_device(grad_out)
-        dy = to_2d(grad_out, module.hidden_size, dtype)
+        if ctx.recompute is not None:
+            mu, rsigma, saved_ln, fc1_out, saved_act = _recompute(ctx, x, saved_w1, dev)
+        ctx.recompute = None
+        dy = to_2d(grad_out, module.hidden_size, dtype, keep_fp8=step.fp8)
         want_b2 = b2_dtype is not None and ctx.needs_input_grad[5]
         want_b1 = b1_dtype is not None and ctx.needs_input_grad[3]
         fc2_target = fc1_target = None
@@ -188,13 +253,16 @@ class LayerNormMLP(TransformerEngineBaseModule):
                          delay_wgrad_compute=delay_wgrad_compute)
         for flag, value in (("ub_overlap_ag", ub_overlap_ag), ("ub_overlap_rs", ub_overlap_rs),
                             ("ub_overlap_rs_dgrad", ub_overlap_rs_dgrad), ("ub_bulk_dgrad", ub_bulk_dgrad),
-                            ("ub_bulk_wgrad", ub_bulk_wgrad),
-                            ("checkpoint", checkpoint)):
+                            ("ub_bulk_wgrad", ub_bulk_wgrad)):
             if value:
                 raise NotImplementedError(f"LayerNormMLP: {flag}=True is not implemented in OpenTE yet")
-        if symmetric_ar_type is not None or activation_params:
-            raise NotImplementedError("LayerNormMLP: symmetric_ar_type / activation_params are not implemented "
-                                      "in OpenTE yet")
+        if symmetric_ar_type is not None:
+            raise NotImplementedError("LayerNormMLP: symmetric_ar_type is not implemented in OpenTE yet")
+        if activation_params:
+            # Transformer Engine reads them only for activation="clamped_swiglu" (its limit and alpha).
+            raise NotImplementedError("LayerNormMLP: activation_params (the limit and alpha of "
+                                      "activation='clamped_swiglu') is not implemented: OpenTE has no "
+                                      f"clamped_swiglu activation (got activation_params={activation_params!r})")
         check_normalization(normalization, "LayerNormMLP")
         if activation not in ACTIVATIONS:
             raise ValueError(f"LayerNormMLP: activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
@@ -214,6 +282,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
         self.return_layernorm_output_gathered = bool(return_layernorm_output_gathered)
         self.zero_centered_gamma = bool(zero_centered_gamma)
         self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
+        self.checkpoint = bool(checkpoint)  # recompute norm -> fc1 -> activation in the backward
         self.get_rng_state_tracker, self.name = get_rng_state_tracker, name
         self.seq_length, self.micro_batch_size = seq_length, micro_batch_size
         self.params_dtype = params_dtype

@@ -19,6 +19,17 @@ from transformer_engine.pytorch.cpp_extensions import general_gemm, module_ops
 from transformer_engine.pytorch.cpp_extensions.module_ops import CUDA, CoreDevice, core_device, core_device_at
 from transformer_engine.pytorch.fp8 import FP8GlobalStateManager
 from transformer_engine.pytorch.tensor import Float8TensorBase
+from transformer_engine.pytorch.module._fp8_io import (
+    GRAD_INPUT_INDEX,
+    OUTPUT_INDEX,
+    dequantized,
+    fp8_io,
+    fp8_matrix,
+    gemm_operand,
+    role_fp8_dtype,
+    role_quantizer,
+    to_float8_tensor,
+)
 from transformer_engine.pytorch.module.base import (
     FP8Step,
     TransformerEngineBaseModule,
@@ -92,16 +103,29 @@ def hp_wgrad(x: torch.Tensor, dy: torch.Tensor, dev: CoreDevice, out: Optional[t
 def linear_gemm_forward(module: TransformerEngineBaseModule, step: FP8Step, x: torch.Tensor, weight, bias,
                         dtype: torch.dtype, is_first_microbatch: Optional[bool], need_wgrad: bool, need_dgrad: bool,
                         dev: CoreDevice, x_fp8: Optional[Float8TensorBase] = None, weight_name: str = "weight",
-                        index: int = 0):
-    """The forward GEMM of a linear layer on the 2-D input ``x`` (already in ``dtype``) or its
-    FP8 cast ``x_fp8`` (made by a fused norm); the input is forward tensor ``index`` and the
-    weight ``index + 1``. Returns (out, what the wgrad GEMM needs, what the dgrad GEMM needs)."""
+                        index: int = 0, w_fp8: Optional[Float8TensorBase] = None, fp8_output: bool = False):
+    """The forward GEMM of a linear layer on the 2-D input ``x`` (already in ``dtype``, or FP8
+    storage from the previous layer's fp8_output) or its FP8 cast ``x_fp8`` (made by a fused
+    norm); the input is forward tensor ``index`` and the weight ``index + 1``, whose FP8 copy
+    ``w_fp8`` is made here unless given. With ``fp8_output`` (FP8 steps only) the output is
+    row-wise FP8 storage (forward tensor ``index + 2``). Returns (out, what the wgrad GEMM
+    needs, what the dgrad GEMM needs)."""
     if step.fp8:
+        if x_fp8 is None and isinstance(x, Float8TensorBase):
+            x_fp8 = gemm_operand(x, role_fp8_dtype(step, True), True, need_wgrad)
+            if x_fp8 is None:  # another format than this recipe's inputs: cast again
+                x = dequantized(x, dtype)
+            else:
+                check_fp8_dims(x_fp8._data, "the input")
         if x_fp8 is None:
             check_fp8_dims(x, "the input")
             x_fp8 = cast_to_fp8(x, step, index, dev, rowwise=True, columnwise=need_wgrad)
-        w_fp8 = module.fp8_weight(weight_name, weight, dtype, step, index + 1, is_first_microbatch,
-                                  need_dgrad, dev)
+        if w_fp8 is None:
+            w_fp8 = module.fp8_weight(weight_name, weight, dtype, step, index + 1, is_first_microbatch,
+                                      need_dgrad, dev)
+        if fp8_output:
+            out = _fprop_to_fp8(step, w_fp8, x_fp8, bias, dtype, index + 2, dev)
+            return out, (x_fp8 if need_wgrad else None), (w_fp8 if need_dgrad else None)
         # cuBLASLt has no FP8 GEMM with an fp32 output and an fp32 bias epilogue: the bias
         # is added afterwards there (fp32 activations under FP8 are rare; bf16 fuses it).
         fuse_bias = bias is not None and not (dev.type == CUDA and dtype == torch.float32)
@@ -119,6 +143,26 @@ def linear_gemm_forward(module: TransformerEngineBaseModule, step: FP8Step, x: t
         record_amax(w, step, True, index + 1)
     out = hp_linear_forward(w, x, bias, dev)
     return out, (x if need_wgrad else None), (w if need_dgrad else None)
+
+
+def _fprop_to_fp8(step: FP8Step, w_fp8: Float8TensorBase, x_fp8: Float8TensorBase, bias: Optional[torch.Tensor],
+                  dtype: torch.dtype, index: int, dev: CoreDevice) -> Float8TensorBase:
+    """The FP8 forward GEMM with its output in FP8 (forward tensor ``index``, row-wise).
+    Delayed scaling: the GEMM casts its own output with the slot's scale (cuBLASLt's FP8
+    output takes a bfloat16 bias only). Current scaling needs the output's amax before the
+    cast, so it casts afterwards, as any other bias dtype does."""
+    split = _split(step, "fp8_gemm_fprop", default=False)
+    if step.delayed and (bias is None or bias.dtype == torch.bfloat16):
+        state = step.fwd_state
+        return module_ops.gemm_fp8_output(w_fp8, x_fp8, dev, True, False, state.fp8_dtype,
+                                          state.scale[index:index + 1], state.current_amax(index), bias=bias,
+                                          split_accumulator=split)
+    fuse_bias = bias is not None and not (dev.type == CUDA and dtype == torch.float32)
+    out = module_ops.gemm(w_fp8, x_fp8, dev, dtype, True, False, bias=bias if fuse_bias else None,
+                          split_accumulator=split)
+    if bias is not None and not fuse_bias:
+        out.add_(bias)
+    return cast_to_fp8(out, step, index, dev, rowwise=True, columnwise=False)
 
 
 def _cast_grad(step: FP8Step, dy: torch.Tensor, index: int, want_dbias: bool, need_dgrad: bool, need_wgrad: bool,
@@ -139,12 +183,14 @@ def _cast_grad(step: FP8Step, dy: torch.Tensor, index: int, want_dbias: bool, ne
 def linear_gemm_backward(step: FP8Step, dy: Optional[torch.Tensor], saved_x, saved_w, weight, dtype: torch.dtype,
                          need_wgrad: bool, need_dgrad: bool, fuse_wgrad_accumulation: bool, dev: CoreDevice,
                          index: int = 0, want_dbias: bool = False, dy_fp8: Optional[Float8TensorBase] = None,
-                         defer_to: Optional[WgradTarget] = None):
-    """dgrad and wgrad of a linear layer from its output gradient ``dy`` (2-D, ``dtype``),
-    cast to FP8 (backward tensor ``index``) under FP8 unless ``dy_fp8`` is already that
-    cast. With ``want_dbias`` also the bias gradient (dy summed over rows, ``dtype``):
-    under delayed scaling from the same pass as the cast. Returns (dx, dw, dbias); dw is
-    None when it went into ``weight.main_grad`` (fuse_wgrad_accumulation).
+                         defer_to: Optional[WgradTarget] = None, dgrad_fp8: bool = False):
+    """dgrad and wgrad of a linear layer from its output gradient ``dy`` (2-D, ``dtype``, or
+    FP8 storage from the next layer's fp8_grad), cast to FP8 (backward tensor ``index``)
+    under FP8 unless ``dy_fp8`` is already that cast. With ``want_dbias`` also the bias
+    gradient (dy summed over rows, ``dtype``): under delayed scaling from the same pass as
+    the cast. With ``dgrad_fp8`` (FP8 steps only) dx is row-wise FP8 storage (backward
+    tensor ``index + 1``). Returns (dx, dw, dbias); dw is None when it went into
+    ``weight.main_grad`` (fuse_wgrad_accumulation).
 
     With ``defer_to`` (delay_wgrad_compute) the wgrad GEMM is handed to it instead of run,
     with the tensors it reads; dw is then None, and so is dbias when it comes with the
@@ -153,6 +199,10 @@ def linear_gemm_backward(step: FP8Step, dy: Optional[torch.Tensor], saved_x, sav
     if fuse_wgrad_accumulation and need_wgrad and main_grad is None:
         raise RuntimeError("fuse_wgrad_accumulation=True needs weight.main_grad, a pre-allocated buffer of "
                            f"the weight's shape {tuple(weight.shape)} to accumulate into")
+    if isinstance(dy, Float8TensorBase):
+        dy_fp8 = gemm_operand(dy, role_fp8_dtype(step, False), need_dgrad, need_wgrad) if step.fp8 else None
+        # The high-precision values only where still needed: the bias gradient, or no FP8 use.
+        dy = dequantized(dy, dtype) if dy_fp8 is None or want_dbias else None
     dx = dbias = None
     if step.fp8:
         if dy_fp8 is None:
@@ -160,8 +210,11 @@ def linear_gemm_backward(step: FP8Step, dy: Optional[torch.Tensor], saved_x, sav
         elif want_dbias:
             dbias = dy.sum(0)
         if need_dgrad:
-            dx = module_ops.gemm(saved_w, dy_fp8, dev, dtype, False, False,
-                                 split_accumulator=_split(step, "fp8_gemm_dgrad"))
+            if dgrad_fp8:
+                dx = _dgrad_to_fp8(step, saved_w, dy_fp8, dtype, index + 1, dev)
+            else:
+                dx = module_ops.gemm(saved_w, dy_fp8, dev, dtype, False, False,
+                                     split_accumulator=_split(step, "fp8_gemm_dgrad"))
         dy_for_wgrad, wgrad_dbias = dy_fp8, False
     else:
         if step.calibrating:
@@ -210,6 +263,21 @@ def linear_wgrad(step: FP8Step, saved_x, dy, weight, dtype: torch.dtype, main_gr
     return dw, dbias
 
 
+def _dgrad_to_fp8(step: FP8Step, saved_w: Float8TensorBase, dy_fp8: Float8TensorBase, dtype: torch.dtype, index: int,
+                  dev: CoreDevice) -> Float8TensorBase:
+    """The FP8 dgrad GEMM with dx in FP8 (backward tensor ``index``, row-wise): cast by the
+    GEMM itself under delayed scaling, afterwards under current scaling (which needs dx's
+    amax first)."""
+    split = _split(step, "fp8_gemm_dgrad")
+    if step.delayed:
+        state = step.bwd_state
+        return module_ops.gemm_fp8_output(saved_w, dy_fp8, dev, False, False, state.fp8_dtype,
+                                          state.scale[index:index + 1], state.current_amax(index),
+                                          split_accumulator=split)
+    dx = module_ops.gemm(saved_w, dy_fp8, dev, dtype, False, False, split_accumulator=split)
+    return cast_to_fp8(dx, step, index, dev, forward=False, rowwise=True, columnwise=False)
+
+
 def finish_backward(step: FP8Step) -> None:
     """End of a module's backward: its backward state waits for the update, which the
     first FP8 module of the autocast (whose backward runs last) triggers."""
@@ -220,8 +288,14 @@ def finish_backward(step: FP8Step) -> None:
         FP8GlobalStateManager.reduce_and_update_fp8_tensors(forward=False, recipe=step.recipe)
 
 
-def to_2d(t: torch.Tensor, cols: int, dtype: torch.dtype) -> torch.Tensor:
-    """``t`` as a contiguous [rows, cols] matrix in ``dtype``."""
+def to_2d(t: torch.Tensor, cols: int, dtype: torch.dtype, keep_fp8: bool = False) -> torch.Tensor:
+    """``t`` as a contiguous [rows, cols] matrix in ``dtype``. An FP8 tensor (a neighbouring
+    layer's fp8_output / fp8_grad) comes dequantized, or with ``keep_fp8`` as 2-D FP8 storage
+    over its own buffers."""
+    if isinstance(t, Float8TensorBase):
+        if keep_fp8:
+            return fp8_matrix(t, cols)
+        t = dequantized(t, dtype)
     if t.dim() != 2:  # a reshape costs a microsecond even when it changes nothing
         t = t.reshape(-1, cols)
     return (t.to(dtype) if t.dtype != dtype else t).contiguous()
@@ -235,17 +309,22 @@ def to_shape(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
 class _LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, weight, inp, bias, module: "Linear", step: FP8Step, dtype: torch.dtype,
-                is_first_microbatch: Optional[bool]):
+                is_first_microbatch: Optional[bool], fp8_io: Optional[Tuple[bool, bool]]):
+        # fp8_io: (fp8_output, fp8_grad) of an FP8 step, None otherwise.
+        fp8_output, fp8_grad = fp8_io or (False, False)
         dev = core_device(inp)
-        x = to_2d(inp, weight.shape[1], dtype)
+        x = to_2d(inp, weight.shape[1], dtype, keep_fp8=step.fp8)
         b = bias.to(dtype) if bias is not None and bias.dtype != dtype else bias
         need_wgrad, need_dgrad = weight.requires_grad, inp.requires_grad
         out, saved_x, saved_w = linear_gemm_forward(module, step, x, weight, b, dtype, is_first_microbatch,
-                                                    need_wgrad, need_dgrad, dev)
+                                                    need_wgrad, need_dgrad, dev, fp8_output=fp8_output)
         # One ctx attribute: each costs a dict store here and a load in the backward.
         ctx.state = (saved_x, saved_w, weight, step, dtype, inp.shape, inp.dtype,
                      bias.dtype if bias is not None else None, module.fuse_wgrad_accumulation, need_wgrad, need_dgrad,
-                     module if module.wgrad_store.delay_wgrad_compute else None)
+                     module if module.wgrad_store.delay_wgrad_compute else None, fp8_grad)
+        if fp8_output:
+            return to_float8_tensor(out, (*inp.shape[:-1], weight.shape[0]), dtype,
+                                    role_quantizer(step, OUTPUT_INDEX, True, inp.device))
         if inp.dim() == 2:
             return out
         return out.view(*inp.shape[:-1], weight.shape[0])
@@ -253,22 +332,26 @@ class _LinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         (saved_x, saved_w, weight, step, dtype, inp_shape, inp_dtype, bias_dtype, fuse_wgrad_accumulation,
-         need_wgrad, need_dgrad, delaying_module), ctx.state = ctx.state, None  # the saved tensors go with the step
+         need_wgrad, need_dgrad, delaying_module, fp8_grad), ctx.state = ctx.state, None  # saved tensors go with it
         dev = core_device(grad_out)  # the stream of the backward, which may differ from the forward's
-        dy = to_2d(grad_out, weight.shape[0], dtype)
+        dy = to_2d(grad_out, weight.shape[0], dtype, keep_fp8=step.fp8)
         want_dbias = bias_dtype is not None and ctx.needs_input_grad[2]
         defer_to = delaying_module.wgrad_target(want_dbias) if delaying_module is not None else None
         dx, dw, dbias = linear_gemm_backward(step, dy, saved_x, saved_w, weight, dtype, need_wgrad, need_dgrad,
-                                             fuse_wgrad_accumulation, dev, want_dbias=want_dbias, defer_to=defer_to)
+                                             fuse_wgrad_accumulation, dev, want_dbias=want_dbias, defer_to=defer_to,
+                                             dgrad_fp8=fp8_grad)
         if defer_to is not None:
             delaying_module.wgrad_store.put(defer_to.entry)
         if dbias is not None and dbias.dtype != bias_dtype:
             dbias = dbias.to(bias_dtype)
         finish_backward(step)
-        if dx is not None:
+        if fp8_grad and dx is not None:
+            dx = to_float8_tensor(dx, inp_shape, inp_dtype,
+                                  role_quantizer(step, GRAD_INPUT_INDEX, False, weight.device))
+        elif dx is not None:
             dx = to_shape(dx, inp_shape)
             dx = dx.to(inp_dtype) if dx.dtype != inp_dtype else dx
-        return dw, dx, dbias, None, None, None, None
+        return dw, dx, dbias, None, None, None, None, None
 
 
 def _split(step: FP8Step, gemm: str, default: bool = True) -> bool:
@@ -289,8 +372,8 @@ class Linear(TransformerEngineBaseModule):
     parameters without memory or values until ``to_empty(device=...)`` and
     ``reset_parameters()``."""
 
-    num_fp8_fwd = 2  # input, weight
-    num_fp8_bwd = 1  # output gradient
+    num_fp8_fwd = 3  # input, weight, output (fp8_output)
+    num_fp8_bwd = 2  # output gradient, input gradient (fp8_grad)
 
     def __init__(self, in_features: int, out_features: int, sequence_parallel: bool = False,
                  fuse_wgrad_accumulation: bool = False, tp_group=None, tp_size: int = 1,
@@ -387,13 +470,15 @@ class Linear(TransformerEngineBaseModule):
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None,
                 fp8_output: bool = False, fp8_grad: bool = False):
-        if fp8_output or fp8_grad:
-            raise NotImplementedError("Linear: fp8_output / fp8_grad are not implemented in OpenTE yet")
+        """``fp8_output``: return the output as a Float8Tensor (cast with the output slot of
+        this module's recipe state); ``fp8_grad``: the input's gradient comes back as one
+        (the input-gradient slot). Both only under fp8_autocast, ignored outside it."""
         weight, bias = self.check_input_and_parameters(inp, "Linear")
         step = self.prepare_forward(inp.device)
         dtype = activation_dtype_of(inp)
         fused_bias = bias if not self.return_bias else None
-        out = _LinearFunction.apply(weight, inp, fused_bias, self, step, dtype, is_first_microbatch)
+        out = _LinearFunction.apply(weight, inp, fused_bias, self, step, dtype, is_first_microbatch,
+                                    fp8_io(step, fp8_output, fp8_grad) if fp8_output or fp8_grad else None)
         if self.return_bias:
             return out, (bias.to(dtype) if bias is not None else None)
         return out

@@ -97,10 +97,11 @@ class _Float8QuantizerBase(Quantizer):
         return self._make(x.shape, x.dtype, data, data_t, scale_inv)
 
     def update_quantized(self, src: torch.Tensor, dst, *, noop_flag: Optional[torch.Tensor] = None):
+        """Quantizes ``src`` into ``dst``'s buffers (every layout dst holds). ``noop_flag``: a
+        float32 tensor of one element on dst's device; where it holds 1 the update is skipped
+        (dst and this quantizer's scale and amax keep their values), decided on the device
+        without a host synchronisation."""
         owner = type(self).__name__
-        if noop_flag is not None:
-            raise NotImplementedError(f"{owner}.update_quantized: noop_flag (skipping the update from a "
-                                      "device-side flag) is not implemented")
         if not isinstance(dst, Float8TensorBase):
             raise TypeError(f"{owner} can only update a Float8Tensor or Float8TensorBase, got {type(dst).__name__}")
         if isinstance(src, torch.Tensor) and not isinstance(src, QuantizedTensor) and src.device != dst.device:
@@ -109,10 +110,41 @@ class _Float8QuantizerBase(Quantizer):
         if x.shape != dst.size():
             raise ValueError(f"{owner}.update_quantized: src has shape {tuple(x.shape)} but dst has shape "
                              f"{tuple(dst.size())}")
+        if noop_flag is not None:
+            self._update_unless_noop(x, dst, noop_flag, owner)
+            return dst
         amax = self._prepare_scale(x, dst._scale_inv)
         self._cast(x, dst._data, dst._transpose, dst._scale_inv, amax)
         dst._fp8_dtype = self.dtype
         return dst
+
+    def _update_unless_noop(self, x: torch.Tensor, dst: Float8TensorBase, noop_flag, owner: str) -> None:
+        """update_quantized with a device-side ``noop_flag``: the cast goes into new buffers,
+        then torch.where keeps the old contents of dst and of the quantizer's state where the
+        flag is 1 (one extra pass over dst's bytes, instead of a host read of the flag)."""
+        if not isinstance(noop_flag, torch.Tensor):
+            raise TypeError(f"{owner}.update_quantized: noop_flag must be a torch.Tensor, got "
+                            f"{type(noop_flag).__name__}")
+        if noop_flag.dtype != torch.float32 or noop_flag.numel() != 1:
+            raise ValueError(f"{owner}.update_quantized: noop_flag must be a float32 tensor of one element, got "
+                             f"{noop_flag.dtype} of shape {tuple(noop_flag.shape)}")
+        if noop_flag.device != dst.device:
+            raise ValueError(f"{owner}.update_quantized: noop_flag is on {noop_flag.device} but dst is on "
+                             f"{dst.device}")
+        if dst._fp8_dtype != self.dtype:
+            raise ValueError(f"{owner}.update_quantized: with noop_flag, dst must already be in the quantizer's "
+                             f"format {self.dtype.name}, got {dst._fp8_dtype.name}")
+        skip = noop_flag.reshape(()) == 1.0
+        state = (self.scale, self.amax)
+        state_before = [t.clone() for t in state]
+        news = [torch.empty_like(t) if t is not None else None for t in (dst._data, dst._transpose, dst._scale_inv)]
+        amax = self._prepare_scale(x, news[2])
+        self._cast(x, news[0], news[1], news[2], amax)
+        for old, new in zip((dst._data, dst._transpose, dst._scale_inv), news):
+            if old is not None:
+                old.copy_(torch.where(skip, old, new))
+        for now, before in zip(state, state_before):
+            now.copy_(torch.where(skip, before, now))
 
     def make_empty(self, shape: Iterable[int], *, dtype: torch.dtype = torch.float32,
                    device: Optional[torch.device] = None, requires_grad: bool = False):
