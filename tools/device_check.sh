@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Everything the lent GPU machine checks, in one call (see README, "GPU tests"):
 # a clean build with all cores, the test suites on CUDA, the benchmarks, and
-# compute-sanitizer (memcheck, racecheck) over the GPU tests (all but the
+# compute-sanitizer (memcheck, racecheck) over the GPU tests: those named *cuda*, and
+# all of test_fused_attn.py (its cuDNN tests' names lack "cuda"); all but the
 # *_cuda_large ones and the exhaustive GEMM matrices, which take minutes under
 # the sanitizer; and the *memory* tests, whose allocator accounting differs under
 # the sanitizer). Logs go to $OUT.
 #
 #   run(command="bash tools/device_check.sh")            # from the device tool
 #   STEPS="build tests" bash tools/device_check.sh       # a subset
+#   SANITIZE_FILES="tests/python/test_gemm.py" STEPS=sanitizer bash tools/device_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/opente_device}
@@ -69,7 +71,8 @@ fi
 if step sanitizer; then
   for tool in memcheck racecheck; do
     compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 \
-      pytest -q -x -k "cuda and not large and not memory" -m "not exhaustive" tests/python >"$OUT/sanitizer_$tool.log" 2>&1
+      pytest -q -x -k "${SANITIZE_K:-(cuda or fused_attn) and not large and not memory}" -m "not exhaustive" \
+      ${SANITIZE_FILES:-tests/python} >"$OUT/sanitizer_$tool.log" 2>&1
     rc=$?
     note "compute-sanitizer $tool: rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1) | $(grep -E 'passed|failed' "$OUT/sanitizer_$tool.log" | tail -1)"
     [ "$rc" = 0 ] || status=1
