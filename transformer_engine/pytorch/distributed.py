@@ -12,7 +12,10 @@ CPU-only machine and for CPU tensors.)
 
 ``checkpoint`` recomputes a function's activations in the backward pass and restores, for
 the recomputation, the CPU and CUDA generator states, the tracker's states and the FP8
-autocast state of the forward, so dropout and FP8 casts repeat exactly.
+autocast state of the forward, so dropout and FP8 casts repeat exactly. Under delayed
+scaling the modules' scales have been updated by then (at the outermost fp8_autocast's
+exit): the forward keeps the scales each module cast with and the recomputation casts
+with those, records no amax and updates no scale (fp8_recompute.py).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any, Callable, Dict, Optional
 import torch
 from torch.utils.checkpoint import noop_context_fn
 
+from transformer_engine.pytorch import fp8_recompute
 from transformer_engine.pytorch.fp8 import FP8GlobalStateManager
 
 __all__ = ["CudaRNGStatesTracker", "checkpoint", "get_distributed_world_size"]
@@ -144,29 +148,43 @@ class CudaRNGStatesTracker:
 
 
 class _ForwardState:
-    """What the recomputation must see again: generator states, tracker states, FP8 autocast."""
+    """What the recomputation must see again: generator states, tracker states, the FP8
+    autocast state, and the delayed-scaling scales the modules cast with (``scales``,
+    filled while the forward runs inside ``recording()``)."""
 
     def __init__(self, get_rng_state_tracker: Optional[Callable]):
         self.rng = _current_rng_state()
         self.tracker = get_rng_state_tracker() if get_rng_state_tracker is not None else None
         self.tracker_states = self.tracker.get_states() if self.tracker is not None else None
         self.fp8_state = FP8GlobalStateManager.get_fp8_autocast_state()
+        self.scales = fp8_recompute.ForwardScales()
+
+    def recording(self):
+        """Around the forward: the modules inside keep the scales they cast with."""
+        return fp8_recompute.recording(self.scales)
 
     @contextlib.contextmanager
-    def restored(self):
-        """Inside: the forward's states (the FP8 one without its "first module" flag, so the
-        recomputation does not take over the backward's scale update). Afterwards: the
-        states from before, so the recomputation leaves no trace."""
+    def restored(self, first_module: bool):
+        """Inside: the forward's states, the modules casting with the forward's scales.
+        ``first_module``: whether the forward's "first FP8 module" flag comes back too. The
+        reentrant recomputation backpropagates through the recomputed modules, so when the
+        first FP8 module of the autocast ran inside the function (its no-grad forward took
+        the flag), the recomputed one takes it and its backward, the last, updates the
+        backward scales. The non-reentrant one only refills the original graph's saved
+        tensors: the flag stays with the original forward. Afterwards: the states from
+        before, so the recomputation leaves no trace."""
         rng_now = _current_rng_state()
         tracker_now = self.tracker.get_states() if self.tracker is not None else None
         fp8_now = FP8GlobalStateManager.get_fp8_autocast_state()
         _set_rng_state(self.rng)
         if self.tracker is not None:
             self.tracker.set_states(self.tracker_states)
-        enabled, calibrating, recipe, group, _first, graph = self.fp8_state
-        FP8GlobalStateManager.set_fp8_autocast_state((enabled, calibrating, recipe, group, False, graph))
+        enabled, calibrating, recipe, group, first, graph = self.fp8_state
+        FP8GlobalStateManager.set_fp8_autocast_state(
+            (enabled, calibrating, recipe, group, first and first_module, graph))
         try:
-            yield
+            with fp8_recompute.replaying(self.scales):
+                yield
         finally:
             _set_rng_state(rng_now)
             if self.tracker is not None:
@@ -183,7 +201,7 @@ class _CheckpointFunction(torch.autograd.Function):
         ctx.run_function = run_function
         ctx.kwargs = kwargs
         ctx.forward_state = _ForwardState(get_rng_state_tracker)
-        with torch.no_grad():
+        with torch.no_grad(), ctx.forward_state.recording():
             outputs = run_function(*args, **kwargs)
         tensor_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         ctx.tensor_positions = tensor_positions
@@ -199,7 +217,7 @@ class _CheckpointFunction(torch.autograd.Function):
         args = list(ctx.plain_args)
         for position, saved in zip(ctx.tensor_positions, ctx.saved_tensors):
             args[position] = saved.detach().requires_grad_(saved.requires_grad)
-        with ctx.forward_state.restored(), torch.enable_grad():
+        with ctx.forward_state.restored(first_module=True), torch.enable_grad():
             outputs = ctx.run_function(*args, **ctx.kwargs)
         if not isinstance(outputs, tuple):
             outputs = (outputs,)
@@ -209,6 +227,24 @@ class _CheckpointFunction(torch.autograd.Function):
             torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         grads = tuple(a.grad if isinstance(a, torch.Tensor) else None for a in args)
         return (None, None, None) + grads
+
+
+class _EnteredAfresh:
+    """A context manager that may be entered more than once (not at the same time): each
+    entry runs a new one made by ``factory``."""
+
+    def __init__(self, factory: Callable):
+        self.factory = factory
+        self.entered = []
+
+    def __enter__(self):
+        context = self.factory()
+        result = context.__enter__()
+        self.entered.append(context)
+        return result
+
+    def __exit__(self, *exc_info):
+        return self.entered.pop().__exit__(*exc_info)
 
 
 def _check_distribute_saved_activations(distribute_saved_activations: bool, tp_group) -> None:
@@ -262,17 +298,24 @@ def checkpoint(function: Callable, *args, **kwargs):
         return _CheckpointFunction.apply(function, get_rng_state_tracker, kwargs, *args)
 
     # Non-reentrant: torch.utils.checkpoint restores the generator states of the devices
-    # of the tensor arguments; the recompute context adds the tracker and FP8 states.
+    # of the tensor arguments; the contexts add the tracker and FP8 states and scales.
     def combined_context_fn():
         forward_context, recompute_context = context_fn()
         forward_state = _ForwardState(get_rng_state_tracker)
 
         @contextlib.contextmanager
-        def recompute():
-            with forward_state.restored(), recompute_context:
+        def forward():
+            with forward_context, forward_state.recording():
                 yield
 
-        return forward_context, recompute()
+        @contextlib.contextmanager
+        def recompute():
+            with forward_state.restored(first_module=False), recompute_context:
+                yield
+
+        # torch enters the recompute context at every recomputation (a second backward
+        # with retain_graph recomputes again): a fresh generator each time.
+        return forward(), _EnteredAfresh(recompute)
 
     return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, context_fn=combined_context_fn,
                                              determinism_check=determinism_check, debug=debug, **kwargs)

@@ -12,6 +12,8 @@ How delayed scaling runs, as in Transformer Engine:
   ``reduce_amax``, the scales are recomputed from the histories, and the histories roll.
 * The backward states register during the backward pass; the backward of the first FP8
   module of the autocast (the last backward to run) updates them the same way.
+* te.checkpoint's recomputation casts with the scales its forward used, records no amax
+  and updates nothing (fp8_recompute.py).
 
 Every update runs on the device (one fused core launch per device and FP8 format, plus
 one all-reduce when reducing): nothing here makes the host wait for the GPU.
@@ -27,6 +29,7 @@ import torch
 
 from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling, Format, Recipe
 from transformer_engine import _core
+from transformer_engine.pytorch import fp8_recompute
 from transformer_engine.pytorch.cpp_extensions import DType, module_ops
 
 __all__ = [
@@ -122,6 +125,18 @@ class DelayedScalingState:
     def amax_address(self, index: int) -> int:
         """The address of tensor ``index``'s amax for this step (row 0 of the history)."""
         return self.amax_history.data_ptr() + 4 * index
+
+    def frozen_copy(self) -> "DelayedScalingState":
+        """A state that casts with this one's scales as they are now (copies, queued on the
+        current stream before any later update) and raises its amaxes in a scratch row of
+        its own: what a recomputation casts with to repeat this step's casts without
+        recording their amaxes again (te.checkpoint, LayerNormMLP(checkpoint=True))."""
+        copy = DelayedScalingState.__new__(DelayedScalingState)
+        copy.forward, copy.recipe, copy.fp8_dtype = self.forward, self.recipe, self.fp8_dtype
+        copy.scale = self.scale.clone()
+        copy.scale_inv = self.scale_inv.clone()
+        copy.amax_history = torch.zeros(1, self.num_tensors, dtype=torch.float32, device=self.scale.device)
+        return copy
 
     def matches(self, recipe: DelayedScaling) -> bool:
         """Whether this state can serve ``recipe`` as is (same history length and format)."""
@@ -269,6 +284,7 @@ class FP8GlobalStateManager:
         cls._backward_states = {}
         cls._forward_recipe = None
         cls._forward_group = None
+        fp8_recompute.reset()
 
     # ---- queries ----
     @classmethod
@@ -351,7 +367,9 @@ class FP8GlobalStateManager:
     @classmethod
     def fp8_autocast_exit(cls, enabled: bool, _graph: bool = False) -> None:
         cls.FP8_AUTOCAST_DEPTH -= 1
-        if cls.FP8_AUTOCAST_DEPTH == 0:
+        # An autocast opened inside te.checkpoint's recomputation repeats one whose update
+        # was done at the end of the forward (and its modules registered nothing).
+        if cls.FP8_AUTOCAST_DEPTH == 0 and not (fp8_recompute.FRAMES and fp8_recompute.is_replaying()):
             cls.reduce_and_update_fp8_tensors(forward=True)
 
     # ---- delayed scaling ----

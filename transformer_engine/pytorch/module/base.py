@@ -11,6 +11,7 @@ from typing import Callable, Dict, NamedTuple, Optional
 import torch
 
 from transformer_engine.common.recipe import DelayedScaling, Recipe
+from transformer_engine.pytorch import fp8_recompute
 from transformer_engine.pytorch.cpp_extensions import compute_amax, module_ops
 from transformer_engine.pytorch.cpp_extensions.module_ops import CoreDevice
 from transformer_engine.pytorch.fp8 import (
@@ -149,7 +150,9 @@ class TransformerEngineBaseModule(torch.nn.Module):
 
     # ---- FP8 state of a forward ----
     def prepare_forward(self, device: torch.device) -> FP8Step:
-        """Reads the autocast state and readies the delayed-scaling metadata."""
+        """Reads the autocast state and readies the delayed-scaling metadata. In
+        te.checkpoint's recomputation the forward state of the step is a frozen copy of the
+        one the original forward cast with (fp8_recompute.py)."""
         manager = FP8GlobalStateManager
         fp8, calibrating = manager.is_fp8_enabled(), manager.is_fp8_calibration()
         # nn.Module.__setattr__ takes microseconds (it looks for parameters and submodules
@@ -164,7 +167,11 @@ class TransformerEngineBaseModule(torch.nn.Module):
         if delayed:
             fwd_state = self._state(True, recipe, device)
             bwd_state = self._state(False, recipe, device)
-            manager.add_forward_state(fwd_state)
+            replayed = False
+            if fp8_recompute.FRAMES:  # inside te.checkpoint: keep, or cast with, the forward's scales
+                fwd_state, replayed = fp8_recompute.forward_state_for(self, fwd_state)
+            if not replayed:
+                manager.add_forward_state(fwd_state)
         first = manager.is_first_fp8_module() if fp8 else False
         return FP8Step(fp8, calibrating and not fp8, recipe, fwd_state, bwd_state, first, delayed)
 

@@ -112,26 +112,6 @@ def norm_fc1_activation(module: "LayerNormMLP", step: FP8Step, x: torch.Tensor, 
     return ln_out, mu, rsigma, saved_ln, saved_w1, fc1_out, act_out, act_fp8
 
 
-class _ForwardScales:
-    """The forward scales a delayed-scaling step cast with, copied while it ran, in the
-    place of its state for the backward's recompute (checkpoint=True): the recompute must
-    cast exactly as the forward did, while the state's scales may have been updated at the
-    end of fp8_autocast since. It raises no amax (the forward recorded these tensors
-    already, and the history may have rolled on to the next step)."""
-
-    __slots__ = ("scale", "fp8_dtype")
-
-    def __init__(self, state):
-        self.scale = state.scale.clone()  # queued before the update that ends the autocast
-        self.fp8_dtype = state.fp8_dtype
-
-    def scale_address(self, index: int) -> int:
-        return self.scale.data_ptr() + 4 * index
-
-    def amax_address(self, index: int) -> int:
-        return 0
-
-
 def _recompute(ctx, x: torch.Tensor, saved_w1, dev: CoreDevice):
     """checkpoint=True: norm -> fc1 -> activation again from the saved input, with the
     forward's FP8 weights and scales, so the backward reads the same tensors as without
@@ -169,7 +149,9 @@ class _LayerNormMLPFunction(torch.autograd.Function):
             # the FP8 weights as cast (the same operands; fc2's is its dgrad operand anyway)
             # and the scales of this step. The activations go when this forward returns.
             ctx.saved = (x, None, None, None, saved_w1, None, None, saved_w2)
-            ctx.recompute = (ln_bias, b1, _ForwardScales(step.fwd_state) if step.fp8 and step.delayed else None)
+            # The scales as a frozen copy (te.checkpoint keeps them so too): the autocast's
+            # exit may update the state's first, and the recompute records no amax again.
+            ctx.recompute = (ln_bias, b1, step.fwd_state.frozen_copy() if step.fp8 and step.delayed else None)
         else:
             ctx.saved = (x, mu, rsigma, saved_ln, saved_w1, fc1_out, saved_act, saved_w2)
             ctx.recompute = None
