@@ -1,8 +1,9 @@
 """DotProductAttention: Transformer Engine's attention module (softmax(Q K^T * scale) V
 with masks, sliding windows, biases, ALiBi, sink softmax types, GQA, dropout, KV caching
 and the sbhd / bshd / thd formats). The work goes to the backend that
-``get_attention_backend`` chooses: FusedAttention (cuDNN) or UnfusedDotProductAttention;
-a call cuDNN refuses at run time (checked before anything runs) falls back to the unfused one.
+``get_attention_backend`` chooses: FlashAttention (the flash-attn package, when it is
+installed), FusedAttention (cuDNN) or UnfusedDotProductAttention; a call cuDNN refuses at
+run time (checked before anything runs) falls back to the unfused one.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from typing import Callable, List, Optional, Tuple, Union
 import torch
 
 from transformer_engine.pytorch.attention.dot_product_attention.backends import (
+    FLASH,
     FUSED,
-    UNFUSED,
     AttentionParams,
     get_attention_backend,
     no_backend_message,
 )
+from transformer_engine.pytorch.attention.dot_product_attention.flash import FlashAttention
 from transformer_engine.pytorch.attention.dot_product_attention.fused import (
     FusedAttention,
     FusedAttentionUnsupported,
@@ -99,6 +101,24 @@ def _check_cu_seqlens(cu_seqlens, name: str, batch: Optional[int]) -> Optional[t
         expected = "[batch_size + 1]" if batch is None else f"[{batch + 1}] (batch_size + 1)"
         raise ValueError(f"{_OWNER}: {name} must have shape {expected}, got {tuple(cu_seqlens.shape)}")
     return cu_seqlens
+
+
+def _same_tensor(a, b) -> bool:
+    """``a`` and ``b`` are one tensor, or equal CPU tensors (compared without a device sync)."""
+    if a is b:
+        return True
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.device.type == b.device.type == "cpu"
+            and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b))
+
+
+def _shares_seqlens(attention_mask, cu_seqlens_q, cu_seqlens_kv, qkv_format: str) -> bool:
+    """Whether a padding type's queries and keys have one set of sequence lengths by
+    construction: one padding mask for both, or one cu_seqlens tensor."""
+    if qkv_format != "thd" and attention_mask is not None:
+        if isinstance(attention_mask, (tuple, list)):
+            return len(attention_mask) == 2 and attention_mask[0] is attention_mask[1]
+        return True
+    return cu_seqlens_q is not None and _same_tensor(cu_seqlens_q, cu_seqlens_kv)
 
 
 def _padding_from_lengths(lengths: torch.Tensor, seqlen: int, device) -> torch.Tensor:
@@ -204,6 +224,9 @@ class DotProductAttention(TransformerEngineBaseModule):
         else:
             self.softmax_offset = None
 
+        self.flash_attention = FlashAttention(self.softmax_scale, attention_dropout=self.attention_dropout,
+                                              attention_dropout_ctx=attention_dropout_ctx,
+                                              deterministic=self.deterministic)
         self.fused_attention = FusedAttention(self.softmax_scale, attention_dropout=self.attention_dropout,
                                               attention_dropout_ctx=attention_dropout_ctx,
                                               deterministic=self.deterministic, layer_number=layer_number)
@@ -308,7 +331,11 @@ class DotProductAttention(TransformerEngineBaseModule):
         device = query_layer.device
         q_format = kv_format = qkv_format
         q_padding = kv_padding = None
-        thd_tokens_q = None
+        thd_tokens_q = packed = None
+        # Facts of the raw arguments for the flash-attn backend (before they are moved).
+        shared_seqlens = _shares_seqlens(attention_mask, cu_seqlens_q, cu_seqlens_kv, qkv_format)
+        thd_without_gaps = all(padded is None or _same_tensor(padded, plain) for padded, plain in
+                               ((cu_seqlens_q_padded, cu_seqlens_q), (cu_seqlens_kv_padded, cu_seqlens_kv)))
 
         if inference_params is not None:
             if qkv_format == "thd":
@@ -348,17 +375,18 @@ class DotProductAttention(TransformerEngineBaseModule):
                 max_seqlen_kv = max(int(kv_lengths.max()), 1)
             max_seqlen_q = _positive_int(max_seqlen_q, "max_seqlen_q")
             max_seqlen_kv = _positive_int(max_seqlen_kv, "max_seqlen_kv")
+            # Unpacked to padded bshd once the backend is known, unless flash-attn takes them packed.
             thd_tokens_q = query_layer.shape[0]
-            query_layer = thd_to_padded_bshd(query_layer, cu_seqlens_q, cu_seqlens_q_padded, max_seqlen_q)
-            key_layer = thd_to_padded_bshd(key_layer, cu_seqlens_kv, cu_seqlens_kv_padded, max_seqlen_kv)
-            value_layer = thd_to_padded_bshd(value_layer, cu_seqlens_kv, cu_seqlens_kv_padded, max_seqlen_kv)
-            q_format = kv_format = "bshd"
+            packed = (query_layer, key_layer, value_layer)
             q_padding = _padding_from_lengths(q_lengths, max_seqlen_q, device)
             kv_padding = _padding_from_lengths(kv_lengths, max_seqlen_kv, device)
 
-        batch = query_layer.shape[1 if q_format == "sbhd" else 0]
-        sq = query_layer.shape[0 if q_format == "sbhd" else 1]
-        skv = key_layer.shape[0 if kv_format == "sbhd" else 1]
+        if packed is not None:
+            batch, sq, skv = cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_kv
+        else:
+            batch = query_layer.shape[1 if q_format == "sbhd" else 0]
+            sq = query_layer.shape[0 if q_format == "sbhd" else 1]
+            skv = key_layer.shape[0 if kv_format == "sbhd" else 1]
         heads = self.num_attention_heads_per_partition
 
         if "padding" in attn_mask_type and q_padding is None:
@@ -369,8 +397,10 @@ class DotProductAttention(TransformerEngineBaseModule):
         elif attention_mask is not None and "padding" not in attn_mask_type:
             warnings.warn(f"{_OWNER}: attention_mask is ignored for attn_mask_type={attn_mask_type!r}", stacklevel=2)
 
-        bias = self._bias(core_attention_bias_type, core_attention_bias, alibi_slopes, attn_mask_type, batch, heads,
-                          sq, skv, q_padding, kv_padding, device)
+        bias = self._bias(core_attention_bias_type, core_attention_bias, alibi_slopes, batch, heads, sq, skv, device)
+        slopes = None
+        if core_attention_bias_type == "alibi":
+            slopes = self._alibi_slopes(alibi_slopes, batch, heads, device)
 
         params = AttentionParams(
             qkv_dtype=query_layer.dtype, device_type=device.type,
@@ -387,26 +417,49 @@ class DotProductAttention(TransformerEngineBaseModule):
             alibi_slopes_shape=None if alibi_slopes is None else tuple(alibi_slopes.shape),
             attention_dropout=self.attention_dropout, context_parallel=False, deterministic=self.deterministic,
             is_training=self.training, fp8_dpa=self._fp8_dpa(), inference=inference_params is not None,
-            softmax_type=self.softmax_type, return_max_logit=self.return_max_logit)
+            softmax_type=self.softmax_type, return_max_logit=self.return_max_logit,
+            shared_seqlens=attn_mask_type == "padding_causal" and shared_seqlens)
         backend = get_attention_backend(params)
         if backend.name is None:
             raise ValueError(no_backend_message(backend))
-        if backend.name not in (FUSED, UNFUSED):
-            raise NotImplementedError(f"{_OWNER}: the {backend.name} backend is not implemented in OpenTE yet")
+
+        flash_takes_thd = backend.name == FLASH and packed is not None and thd_without_gaps
+        if packed is not None and not flash_takes_thd:
+            query_layer = thd_to_padded_bshd(packed[0], cu_seqlens_q, cu_seqlens_q_padded, max_seqlen_q)
+            key_layer = thd_to_padded_bshd(packed[1], cu_seqlens_kv, cu_seqlens_kv_padded, max_seqlen_kv)
+            value_layer = thd_to_padded_bshd(packed[2], cu_seqlens_kv, cu_seqlens_kv_padded, max_seqlen_kv)
+            q_format = kv_format = "bshd"
 
         output = max_logit = None
-        if backend.name == FUSED:
+        if backend.name == FLASH:
+            padded = "padding" in attn_mask_type and not flash_takes_thd
+            args = (query_layer, key_layer, value_layer, slopes, q_padding if padded else None,
+                    kv_padding if padded else None, cu_seqlens_q if flash_takes_thd else None,
+                    cu_seqlens_kv if flash_takes_thd else None)
+            output = self._run(self.flash_attention, args, dict(
+                attn_mask_type=attn_mask_type, window_size=window_size, q_format=q_format, kv_format=kv_format,
+                max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv), checkpoint_core_attention)
+        elif backend.name == FUSED:
             output = self._fused(query_layer, key_layer, value_layer, bias, q_padding, kv_padding, attn_mask_type,
                                  window_size, q_format, kv_format, checkpoint_core_attention)
         if output is None:
+            if slopes is not None:
+                bias = alibi_bias(slopes, attn_mask_type, sq, skv, q_padding, kv_padding)
             output, max_logit = self._unfused(query_layer, key_layer, value_layer, bias, q_padding, kv_padding,
                                               arbitrary_mask, attn_mask_type, window_size, core_attention_bias_type,
                                               q_format, kv_format, checkpoint_core_attention)
-        if qkv_format == "thd" and inference_params is None:
+        if packed is not None and not flash_takes_thd:
             output = padded_bshd_to_thd(output, cu_seqlens_q, cu_seqlens_q_padded, thd_tokens_q)
         if self.return_max_logit:
             return output, max_logit
         return output
+
+    def _run(self, backend: torch.nn.Module, args: tuple, kwargs: dict, checkpoint_core_attention: bool):
+        """backend(*args, **kwargs), recomputed in the backward pass with checkpoint_core_attention."""
+        if checkpoint_core_attention:
+            return checkpoint(backend, *args, distribute_saved_activations=False,
+                              get_rng_state_tracker=self.get_rng_state_tracker, tp_group=self.tp_group, **kwargs)
+        return backend(*args, **kwargs)
 
     def _fused(self, query_layer, key_layer, value_layer, bias, q_padding, kv_padding, attn_mask_type: str,
                window_size, q_format: str, kv_format: str, checkpoint_core_attention: bool) -> Optional[torch.Tensor]:
@@ -415,10 +468,7 @@ class DotProductAttention(TransformerEngineBaseModule):
         args = (query_layer, key_layer, value_layer, bias, q_padding, kv_padding)
         kwargs = dict(attn_mask_type=attn_mask_type, window_size=window_size, q_format=q_format, kv_format=kv_format)
         try:
-            if checkpoint_core_attention:
-                return checkpoint(self.fused_attention, *args, distribute_saved_activations=False,
-                                  get_rng_state_tracker=self.get_rng_state_tracker, tp_group=self.tp_group, **kwargs)
-            return self.fused_attention(*args, **kwargs)
+            return self._run(self.fused_attention, args, kwargs, checkpoint_core_attention)
         except FusedAttentionUnsupported as error:
             _fused_fallback(str(error))
             return None
@@ -438,12 +488,7 @@ class DotProductAttention(TransformerEngineBaseModule):
         bias_type = "pre_scale_bias" if core_attention_bias_type == "pre_scale_bias" else "post_scale_bias"
         args = (query_layer, key_layer, value_layer, plan.mask, bias, sink)
         kwargs = dict(mask_kind=plan.kind, bias_type=bias_type, q_format=q_format, kv_format=kv_format)
-        if checkpoint_core_attention:
-            context, max_logit = checkpoint(self.unfused_attention, *args, distribute_saved_activations=False,
-                                            get_rng_state_tracker=self.get_rng_state_tracker, tp_group=self.tp_group,
-                                            **kwargs)
-        else:
-            context, max_logit = self.unfused_attention(*args, **kwargs)
+        context, max_logit = self._run(self.unfused_attention, args, kwargs, checkpoint_core_attention)
         return from_bhsd(context, q_format), max_logit
 
     def _padding(self, attention_mask, cu_seqlens_q, cu_seqlens_kv, batch: int, sq: int, skv: int, device):
@@ -485,28 +530,17 @@ class DotProductAttention(TransformerEngineBaseModule):
             mask = mask.unsqueeze(0)
         return mask
 
-    def _bias(self, bias_type: str, core_attention_bias, alibi_slopes, attn_mask_type: str, batch: int, heads: int,
-              sq: int, skv: int, q_padding, kv_padding, device) -> Optional[torch.Tensor]:
-        """The additive bias of the scores, or None."""
+    def _bias(self, bias_type: str, core_attention_bias, alibi_slopes, batch: int, heads: int, sq: int, skv: int,
+              device) -> Optional[torch.Tensor]:
+        """The additive bias of the scores given as a tensor (None for no_bias and alibi)."""
         if bias_type not in _BIAS_TYPES:
             raise ValueError(f"{_OWNER}: core_attention_bias_type must be one of {_BIAS_TYPES}, got {bias_type!r}")
         if alibi_slopes is not None and bias_type != "alibi":
             raise ValueError(f"{_OWNER}: alibi_slopes needs core_attention_bias_type='alibi', got {bias_type!r}")
         if bias_type in ("no_bias", "alibi") and core_attention_bias is not None:
             raise ValueError(f"{_OWNER}: core_attention_bias must be None for core_attention_bias_type={bias_type!r}")
-        if bias_type == "no_bias":
+        if bias_type in ("no_bias", "alibi"):
             return None
-        if bias_type == "alibi":
-            if alibi_slopes is None:
-                slopes = get_alibi_slopes(heads, device)
-            else:
-                if not isinstance(alibi_slopes, torch.Tensor) or not alibi_slopes.is_floating_point():
-                    raise TypeError(f"{_OWNER}: alibi_slopes must be a float tensor [h] or [b, h]")
-                if tuple(alibi_slopes.shape) not in ((heads,), (batch, heads)):
-                    raise ValueError(f"{_OWNER}: alibi_slopes must have shape [{heads}] or [{batch}, {heads}], got "
-                                     f"{tuple(alibi_slopes.shape)}")
-                slopes = alibi_slopes.to(device=device, dtype=torch.float32)
-            return alibi_bias(slopes, attn_mask_type, sq, skv, q_padding, kv_padding)
         if core_attention_bias is None:
             raise ValueError(f"{_OWNER}: core_attention_bias_type={bias_type!r} needs core_attention_bias")
         if not isinstance(core_attention_bias, torch.Tensor) or not core_attention_bias.is_floating_point():
@@ -520,3 +554,15 @@ class DotProductAttention(TransformerEngineBaseModule):
             raise ValueError(f"{_OWNER}: core_attention_bias is on {core_attention_bias.device} but query_layer is on "
                              f"{device}")
         return core_attention_bias
+
+    @staticmethod
+    def _alibi_slopes(alibi_slopes, batch: int, heads: int, device) -> torch.Tensor:
+        """ALiBi's slopes, fp32 [h] or [b, h]: the given ones or the default series."""
+        if alibi_slopes is None:
+            return get_alibi_slopes(heads, device)
+        if not isinstance(alibi_slopes, torch.Tensor) or not alibi_slopes.is_floating_point():
+            raise TypeError(f"{_OWNER}: alibi_slopes must be a float tensor [h] or [b, h]")
+        if tuple(alibi_slopes.shape) not in ((heads,), (batch, heads)):
+            raise ValueError(f"{_OWNER}: alibi_slopes must have shape [{heads}] or [{batch}, {heads}], got "
+                             f"{tuple(alibi_slopes.shape)}")
+        return alibi_slopes.to(device=device, dtype=torch.float32)

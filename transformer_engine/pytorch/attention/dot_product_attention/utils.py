@@ -95,11 +95,15 @@ def _token_index(cu_seqlens: torch.Tensor, cu_seqlens_padded: Optional[torch.Ten
 def thd_to_padded_bshd(x: torch.Tensor, cu_seqlens: torch.Tensor, cu_seqlens_padded: Optional[torch.Tensor],
                        max_seqlen: int) -> torch.Tensor:
     """[t, h, d] packed -> [b, max_seqlen, h, d], zeros past each sequence's end
-    (differentiable: the gradient of each slot goes back to its token)."""
+    (differentiable: the gradient of each slot goes back to its token). Rows that belong
+    to no sequence are never read into a valid slot, so whatever they hold (flash-attn
+    leaves them unwritten) cannot leak: the empty slots are selected away, not multiplied
+    by zero (0 * NaN is NaN)."""
     index, valid = _token_index(cu_seqlens, cu_seqlens_padded, max_seqlen, x.shape[0])
     b = index.shape[0]
     gathered = x.index_select(0, index.reshape(-1)).reshape(b, max_seqlen, *x.shape[1:])
-    return gathered * valid.reshape(b, max_seqlen, *([1] * (x.dim() - 1))).to(x.dtype)
+    keep = valid.reshape(b, max_seqlen, *([1] * (x.dim() - 1)))
+    return torch.where(keep, gathered, gathered.new_zeros(()))
 
 
 def padded_bshd_to_thd(x: torch.Tensor, cu_seqlens: torch.Tensor, cu_seqlens_padded: Optional[torch.Tensor],
