@@ -313,7 +313,7 @@ def test_frames_are_open_only_while_the_function_runs(use_reentrant):
     """Recording while the checkpointed forward runs, replaying while it is recomputed,
     nothing before, between and after (modules outside te.checkpoint use their state)."""
     torch.manual_seed(17)
-    model = te.Linear(HIDDEN, HIDDEN, params_dtype=torch.bfloat16)
+    model = te.Linear(HIDDEN, HIDDEN, params_dtype=torch.bfloat16, device="cpu")
     seen = []
 
     def fn(t):
@@ -372,7 +372,7 @@ def test_non_reentrant_recomputes_at_every_backward():
 
 def test_recompute_running_more_modules_than_the_forward_raises():
     torch.manual_seed(23)
-    model = te.Linear(HIDDEN, HIDDEN, params_dtype=torch.bfloat16)
+    model = te.Linear(HIDDEN, HIDDEN, params_dtype=torch.bfloat16, device="cpu")
     calls = []
 
     def fn(t):
@@ -395,8 +395,8 @@ def test_autocast_in_the_recomputation_updates_no_waiting_state():
     registered by hand) are not updated by the exit of an autocast that a recomputation
     opens: that autocast repeats one whose update was done."""
     torch.manual_seed(29)
-    model = te.Linear(HIDDEN, HIDDEN, params_dtype=torch.bfloat16)
-    waiting = te.Linear(HIDDEN, HIDDEN, params_dtype=torch.bfloat16)
+    model = te.Linear(HIDDEN, HIDDEN, params_dtype=torch.bfloat16, device="cpu")
+    waiting = te.Linear(HIDDEN, HIDDEN, params_dtype=torch.bfloat16, device="cpu")
     x = torch.randn(16, HIDDEN, dtype=torch.bfloat16, requires_grad=True)
 
     def fn(t):
