@@ -3,8 +3,8 @@
 // 1. Rows: row groups as in the forward (norm_launch.h). A group loads its row of
 //    dz and x once into registers, in their dtype, takes the row's two sums (one
 //    shuffle reduction of a pair) and writes dx (rows past 8192 recompute x hat
-//    and dz * gamma for it rather than hold them across the reduction). Each thread also adds dz * xhat and dz for its
-//    columns over all the rows it visits, in fp32 registers (rows past 8192: in
+//    and dz * gamma for it rather than hold them across the reduction). Each
+//    thread also adds dz * xhat and dz for its columns over all the rows it visits, in fp32 registers (rows past 8192: in
 //    its own slots of shared memory); at the end the block adds its groups' sums
 //    in shared memory (a fixed pairwise order) and writes one [2, hidden] row of
 //    partial sums to the workspace. So dz and x are read exactly once.
