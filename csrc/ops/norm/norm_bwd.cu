@@ -4,8 +4,9 @@
 //    dz and x once into registers, in their dtype, takes the row's two sums (one
 //    shuffle reduction of a pair) and writes dx (rows past 8192 recompute x hat
 //    and dz * gamma for it rather than hold them across the reduction). Each
-//    thread also adds dz * xhat and dz for its columns over all the rows it visits, in fp32 registers (rows past 8192: in
-//    its own slots of shared memory); at the end the block adds its groups' sums
+//    thread also adds dz * xhat and dz for its columns over all the rows it
+//    visits, in fp32 registers (rows past 8192: in its own slots of shared
+//    memory); at the end the block adds its groups' sums
 //    in shared memory (a fixed pairwise order) and writes one [2, hidden] row of
 //    partial sums to the workspace. So dz and x are read exactly once.
 // 2. Finalize: threads along hidden add the blocks' partial rows (coalesced) and
