@@ -160,6 +160,21 @@ def _flash_import_error() -> Optional[str]:
     return None
 
 
+def _kernel_backend_reasons(p: AttentionParams, fp8_reason: str) -> List[str]:
+    """What neither kernel backend (flash-attn, cuDNN) takes: other softmax types, max_logit,
+    FP8 attention (``fp8_reason`` says why) and context parallelism."""
+    reasons = []
+    if p.softmax_type != "vanilla":
+        reasons.append(f"does not take softmax_type={p.softmax_type}")
+    if p.return_max_logit:
+        reasons.append("does not return max_logit")
+    if p.fp8_dpa:
+        reasons.append(fp8_reason)
+    if p.context_parallel:
+        reasons.append("context parallelism is not implemented in OpenTE")
+    return reasons
+
+
 def _flash_reasons(p: AttentionParams) -> List[str]:
     """Why flash-attn 2 cannot take a call (see the module docstring for the masks)."""
     reasons = []
@@ -186,14 +201,8 @@ def _flash_reasons(p: AttentionParams) -> List[str]:
                        "tensor)")
     if p.core_attention_bias_type in ("pre_scale_bias", "post_scale_bias"):
         reasons.append(f"does not take core_attention_bias_type={p.core_attention_bias_type}")
-    if p.softmax_type != "vanilla":
-        reasons.append(f"does not take softmax_type={p.softmax_type}")
-    if p.return_max_logit:
-        reasons.append("does not return max_logit")
-    if p.fp8_dpa:
-        reasons.append("flash-attn 2 does not compute attention in FP8 (the recipe has fp8_dpa=True)")
-    if p.context_parallel:
-        reasons.append("context parallelism is not implemented in OpenTE")
+    reasons += _kernel_backend_reasons(p, "flash-attn 2 does not compute attention in FP8 (the recipe has "
+                                          "fp8_dpa=True)")
     reasons += _flash_version_reasons(p)
     if not reasons:  # import only for a call it would run (the first import loads CUDA kernels)
         import_error = _flash_import_error()
@@ -263,14 +272,7 @@ def _fused_reasons(p: AttentionParams) -> List[str]:
     if not padded and p.max_seqlen_q > p.max_seqlen_kv and (bottom_right or p.window_size[0] >= 0):
         reasons.append(f"cuDNN's bottom-right masks and sliding windows need sq <= skv, got sq={p.max_seqlen_q}, "
                        f"skv={p.max_seqlen_kv}")
-    if p.softmax_type != "vanilla":
-        reasons.append(f"does not take softmax_type={p.softmax_type}")
-    if p.return_max_logit:
-        reasons.append("does not return max_logit")
-    if p.fp8_dpa:
-        reasons.append("FP8 attention (the recipe has fp8_dpa=True) is not implemented in OpenTE")
-    if p.context_parallel:
-        reasons.append("context parallelism is not implemented in OpenTE")
+    reasons += _kernel_backend_reasons(p, "FP8 attention (the recipe has fp8_dpa=True) is not implemented in OpenTE")
     if p.device_type == "cuda":
         unavailable = _cudnn_unavailable_reason()
         if unavailable is not None:
