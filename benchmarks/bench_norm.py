@@ -4,15 +4,21 @@ bandwidth and against PyTorch, in one run.
     python3 benchmarks/bench_norm.py            # needs a CUDA GPU
 
 Bytes counted (bf16 x and weights, [rows, hidden]): forward reads x and writes y
-(2 + 2 bytes an element); backward reads dz and x and writes dx (6 bytes an
-element); the statistics and the [hidden] vectors are left out. PyTorch does the
-same work with F.layer_norm / F.rms_norm (forward) and their autograd backward
-(timed as backward of a saved graph, dx and dweight).
+(2 + 2 bytes an element; 2 + 1 with an FP8 y); backward reads dz and x and writes
+dx (6 bytes an element); the statistics and the [hidden] vectors are left out.
+PyTorch does the same work with F.layer_norm / F.rms_norm (forward; for an FP8 y
+then amax and the scaled cast) and their autograd backward (timed as backward of
+a saved graph, dx and dweight).
+
+Each call takes the next of three copies of its inputs: the time of one memory-bound
+kernel moved by up to 30% between runs with a single set of buffers (H100), with
+where they lay.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -21,33 +27,58 @@ from timing import print_bandwidth_table
 from transformer_engine.pytorch.cpp_extensions import layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
 
 
+def rotating(fn, inputs):
+    """A call of fn on the next of `inputs` (argument tuples) each time."""
+    args = itertools.cycle(inputs)
+    return lambda: fn(*next(args))
+
+
+def torch_fp8(y, scale, amax):
+    """PyTorch's way to an FP8 y with delayed scaling: amax, then the scaled cast."""
+    torch.maximum(amax, y.abs().amax().float(), out=amax)
+    return (y.float() * scale).to(torch.float8_e4m3fn)
+
+
 def cases(rows: int, hidden: int):
-    x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
-    dz = torch.randn_like(x)
+    copies = []
+    for _ in range(3):
+        x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
+        copies.append((x, torch.randn_like(x)))
     w = torch.rand(hidden, device="cuda", dtype=torch.bfloat16) + 0.5
     b = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
-    eps = 1e-5
-    _, mu, rs = layernorm_fwd(x, w, b, eps)
-    _, _, rs_rms = rmsnorm_fwd(x, w, eps)
-
-    xg = x.detach().requires_grad_()
-    wg, bg = w.detach().requires_grad_(), b.detach().requires_grad_()
-    y_ln = F.layer_norm(xg, (hidden,), wg, bg, eps)
-    y_rms = F.rms_norm(xg, (hidden,), wg, eps)
-    n = x.numel()
-    yield ("layernorm fwd", 4 * n, lambda: layernorm_fwd(x, w, b, eps),
-           lambda: F.layer_norm(x, (hidden,), w, b, eps))
-    yield ("layernorm bwd", 6 * n, lambda: layernorm_bwd(dz, x, mu, rs, w),
-           lambda: torch.autograd.grad(y_ln, (xg, wg, bg), dz, retain_graph=True))
-    yield ("rmsnorm fwd", 4 * n, lambda: rmsnorm_fwd(x, w, eps), lambda: F.rms_norm(x, (hidden,), w, eps))
-    yield ("rmsnorm bwd", 6 * n, lambda: rmsnorm_bwd(dz, x, rs_rms, w),
-           lambda: torch.autograd.grad(y_rms, (xg, wg), dz, retain_graph=True))
+    scale, amax = torch.ones(1, device="cuda"), torch.zeros(1, device="cuda")
+    eps, shape = 1e-5, (hidden,)
+    fwd, bwd = [], []
+    for x, dz in copies:
+        _, mu, rs = layernorm_fwd(x, w, b, eps)
+        _, _, rs_rms = rmsnorm_fwd(x, w, eps)
+        xg = x.detach().requires_grad_()
+        wg, bg = w.detach().requires_grad_(), b.detach().requires_grad_()
+        fwd.append((x,))
+        bwd.append((dz, x, mu, rs, rs_rms, xg, wg, bg, F.layer_norm(xg, shape, wg, bg, eps),
+                    F.rms_norm(xg, shape, wg, eps)))
+    n = copies[0][0].numel()
+    fp8 = dict(fp8_dtype=torch.float8_e4m3fn, scale=scale, amax=amax)
+    yield ("layernorm fwd", 4 * n, rotating(lambda x: layernorm_fwd(x, w, b, eps), fwd),
+           rotating(lambda x: F.layer_norm(x, shape, w, b, eps), fwd))
+    yield ("layernorm fwd, FP8 y", 3 * n, rotating(lambda x: layernorm_fwd(x, w, b, eps, **fp8), fwd),
+           rotating(lambda x: torch_fp8(F.layer_norm(x, shape, w, b, eps), scale, amax), fwd))
+    yield ("layernorm bwd", 6 * n, rotating(lambda dz, x, mu, rs, *_: layernorm_bwd(dz, x, mu, rs, w), bwd),
+           rotating(lambda dz, x, mu, rs, rs_rms, xg, wg, bg, y_ln, y_rms:
+                    torch.autograd.grad(y_ln, (xg, wg, bg), dz, retain_graph=True), bwd))
+    yield ("rmsnorm fwd", 4 * n, rotating(lambda x: rmsnorm_fwd(x, w, eps), fwd),
+           rotating(lambda x: F.rms_norm(x, shape, w, eps), fwd))
+    yield ("rmsnorm fwd, FP8 y", 3 * n, rotating(lambda x: rmsnorm_fwd(x, w, eps, **fp8), fwd),
+           rotating(lambda x: torch_fp8(F.rms_norm(x, shape, w, eps), scale, amax), fwd))
+    yield ("rmsnorm bwd", 6 * n, rotating(lambda dz, x, mu, rs, rs_rms, *_: rmsnorm_bwd(dz, x, rs_rms, w), bwd),
+           rotating(lambda dz, x, mu, rs, rs_rms, xg, wg, bg, y_ln, y_rms:
+                    torch.autograd.grad(y_rms, (xg, wg), dz, retain_graph=True), bwd))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iters", type=int, default=100)
-    parser.add_argument("--shapes", default="16384x4096,8192x8192,32768x1024")
+    parser.add_argument("--shapes", default="16384x4096,8192x8192,32768x1024,4096x16384")
     args = parser.parse_args()
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     rows = ((name, f"{r} x {h}", nbytes, ours, theirs) for r, h in shapes

@@ -10,10 +10,12 @@
 #   run(command="bash tools/device_check.sh")            # from the device tool
 #   STEPS="build tests" bash tools/device_check.sh       # a subset
 #   SANITIZE_FILES="tests/python/test_gemm.py" STEPS=sanitizer bash tools/device_check.sh
+#   PROFILE_KERNELS=norm_fwd_rows_kernel PROFILE_BENCH="benchmarks/bench_norm.py --iters 1 --shapes 4096x16384" \
+#     STEPS=profile bash tools/device_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/opente_device}
-STEPS=${STEPS:-"build tests bench sanitizer"}  # also: profile (ncu over the cast kernels)
+STEPS=${STEPS:-"build tests bench sanitizer"}  # also: profile (ncu; default: the cast kernels)
 JOBS=$(nproc)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
@@ -60,11 +62,13 @@ if step bench; then
 fi
 
 if step profile; then
-  for kernel in cast_kernel cast_transpose_kernel dequantize_kernel amax_kernel; do
+  # PROFILE_KERNELS (kernel base names) under PROFILE_BENCH (a benchmark and its arguments)
+  for kernel in ${PROFILE_KERNELS:-cast_kernel cast_transpose_kernel dequantize_kernel amax_kernel}; do
     ncu --clock-control none --kernel-name "$kernel" --launch-skip 5 --launch-count 1 \
-      --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
-      python3 benchmarks/bench_quantize.py --iters 1 --shapes 8192x8192 >"$OUT/ncu_$kernel.log" 2>&1
-    note "ncu $kernel: $(grep -E '^ +(Duration|DRAM Throughput|L2 Cache Throughput) ' "$OUT/ncu_$kernel.log" | tr -s ' ' | tr '\n' ';')"
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section SchedulerStats --section MemoryWorkloadAnalysis \
+      python3 ${PROFILE_BENCH:-benchmarks/bench_quantize.py --iters 1 --shapes 8192x8192} >"$OUT/ncu_$kernel.log" 2>&1
+    note "ncu $kernel: $(grep -E '^ +(Duration|DRAM Throughput|L2 Cache Throughput|Achieved Occupancy|Registers Per Thread) ' "$OUT/ncu_$kernel.log" | tr -s ' ' | tr '\n' ';')"
   done
 fi
 

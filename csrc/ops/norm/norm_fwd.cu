@@ -2,12 +2,21 @@
 //
 // A row group (norm_launch.h: a few lanes of a warp for short rows, one warp up to
 // hidden 1024, several warps above) reads its row once into registers as 16-byte
-// vectors, then takes the mean and the variance from the registers (two passes, as
-// the CPU reference) and writes y. Sums are shuffles inside a warp, plus one
-// barrier of the group's warps alone for multi-warp rows. gamma and beta are
-// staged once per block in shared memory, before the blocks stride over the rows,
-// and reused for every row. One wave of blocks; an FP8 output's amax costs one
-// atomic a block.
+// vectors, kept in the input dtype, then takes the mean and the variance from the
+// registers (two passes, as the CPU reference) and writes y. Sums are shuffles
+// inside a warp, plus one barrier of the group's warps alone for multi-warp rows.
+// gamma and beta are read from global memory where y is formed: every row a
+// thread visits uses the same columns, so after the first row they come from L1
+// (the row loads are marked evict-first to keep them there). One wave of blocks;
+// an FP8 output's amax costs one atomic a block.
+//
+// What limits the speed is how many rows are in flight on an SM, which registers
+// and shared memory bound. Hence the row held in its dtype, no shared memory for
+// the weights (staged as fp32 they took 128 KiB a block at hidden 16384, one
+// block an SM), and at most 64 registers (two 512-thread blocks an SM) for the
+// vectorized kernels. On an H100 this took the layernorm forward at hidden 16384
+// from 58% to 78% of copy bandwidth, and rmsnorm to 84-89% from hidden 4096 up
+// (benchmarks/RESULTS.md).
 //
 // Rows that are not 16-byte vectors (hidden % 8 != 0, or a misaligned view) take
 // the same kernel element by element, with the output dtype read at run time: one
@@ -59,27 +68,23 @@ __device__ __forceinline__ void store_y(const NormFwdParams& p, int64_t r, int c
 }
 
 // kChunks: the shape's bucket (8-element chunks a thread holds). kVectorized: see
-// load_chunk; it also requires the row-wise output 16-byte (FP8: 8-byte) aligned.
-// kOut: the output dtype of the vectorized instantiations; the element-wise ones
-// read p.out_dtype instead (one instantiation per input dtype for that rarer
-// case; the dispatch passes kIn as kOut there).
-// Dynamic shared memory: the weight tiles of gamma (and beta), fwd_smem_bytes().
+// RowShare; it also requires gamma and beta 16-byte aligned, and the row-wise
+// output 16-byte (FP8: 8-byte) aligned. kOut: the output dtype of the vectorized
+// instantiations; the element-wise ones read p.out_dtype instead (one
+// instantiation per input dtype for that rarer case; the dispatch passes kIn as
+// kOut there). The register cap of 64 (two blocks an SM) is for 16-bit inputs:
+// an fp32 row takes twice the registers, and the element-wise kernels' bounds
+// and dtype switches more; capped, both spilled (ptxas, sm_90a).
 template <te_dtype kIn, te_dtype kOut, int kChunks, bool kLayerNorm, bool kVectorized>
-__global__ void __launch_bounds__(kNormMaxBlockThreads)
+__global__ void __launch_bounds__(kNormMaxBlockThreads, kVectorized && kIn != TE_DTYPE_FLOAT32 ? 2 : 1)
     norm_fwd_rows_kernel(NormFwdParams p, int threads_per_row, int rows_per_block) {
   using In = typename CudaType<kIn>::type;
   constexpr bool kMaybeFp8 = !kVectorized || kIsFp8<kOut>;
   const bool fp8 = kVectorized ? kIsFp8<kOut> : is_fp8_dtype(p.out_dtype);
-  extern __shared__ float4 weight_tiles[];  // gamma's tile, then beta's
   __shared__ float scratch[2 * kNormMaxBlockWarps];
   const RowGroup group(threads_per_row);
   const int hidden = int(p.hidden);  // <= kNormFwdMaxRegisterHidden
-  float* gamma_tile = reinterpret_cast<float*>(weight_tiles);
-  float* beta_tile = gamma_tile + weight_tile_floats(kChunks, threads_per_row);
-  stage_weights<kChunks>(p.gamma, p.w_dtype, hidden, p.zero_centered_gamma ? 1.0f : 0.0f, threads_per_row,
-                         gamma_tile);
-  if constexpr (kLayerNorm) stage_weights<kChunks>(p.beta, p.w_dtype, hidden, 0.0f, threads_per_row, beta_tile);
-  __syncthreads();
+  const float gamma_shift = p.zero_centered_gamma ? 1.0f : 0.0f;
   RowReduction<float> reduction(scratch, group);
   const float scale = fp8 ? *p.scale : 1.0f;
   float amax = 0.0f;
@@ -90,16 +95,19 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads)
        first += int64_t(gridDim.x) * rows_per_block) {
     const int64_t r = first + group.index;
     const bool active = r < p.rows;
-    const In* x_row = static_cast<const In*>(p.input) + r * p.hidden;  // [hidden]
-    float x[kChunks][kChunk];
-#pragma unroll
-    for (int j = 0; j < kChunks; ++j) load_chunk<kVectorized>(x_row, group.column(j), active ? hidden : 0, 0.0f, x[j]);
+    RowShare<In, kChunks, kVectorized> x;
+    x.template load</*kEvictFirst=*/true>(static_cast<const In*>(p.input) + r * p.hidden, group, active ? hidden : 0);
 
     float mu = 0.0f;  // RMSNorm: no centering
     if constexpr (kLayerNorm) {
       float sum = 0.0f;
 #pragma unroll
-      for (int j = 0; j < kChunks; ++j) sum += chunk_sum(x[j]);
+      for (int j = 0; j < kChunks; ++j) {
+        float v[kChunk];
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) v[i] = x.at(j, i);
+        sum += chunk_sum(v);
+      }
       mu = reduction.sum(sum) / float(hidden);
     }
     float sum_sq = 0.0f;  // of (x - mu)^2 over the row's columns only
@@ -109,7 +117,7 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads)
       float sq[kChunk];
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) {
-        const float d = x[j][i] - mu;
+        const float d = x.at(j, i) - mu;
         sq[i] = in_row<kVectorized>(col, i, hidden) ? d * d : 0.0f;
       }
       sum_sq += chunk_sum(sq);
@@ -121,15 +129,17 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads)
       p.rsigma[r] = rsigma;
     }
 
+    const void* gamma_row = opaque_per_row(p.gamma);
+    const void* beta_row = kLayerNorm ? opaque_per_row(p.beta) : nullptr;
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       const int col = group.column(j);
       float y[kChunk], gamma[kChunk], beta[kChunk];
-      read_weights(gamma_tile, group, j, gamma);
-      if constexpr (kLayerNorm) read_weights(beta_tile, group, j, beta);
+      load_weight_chunk<kVectorized>(gamma_row, p.w_dtype, col, hidden, gamma_shift, gamma);
+      if constexpr (kLayerNorm) load_weight_chunk<kVectorized>(beta_row, p.w_dtype, col, hidden, 0.0f, beta);
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) {
-        y[i] = (x[j][i] - mu) * rsigma * gamma[i];  // the CPU reference's order: xhat, then * g
+        y[i] = (x.at(j, i) - mu) * rsigma * gamma[i];  // the CPU reference's order: xhat, then * g
         if constexpr (kLayerNorm) y[i] += beta[i];
         if constexpr (kMaybeFp8) {
           if (fp8) {
@@ -151,11 +161,6 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads)
   }
 }
 
-size_t fwd_smem_bytes(const NormFwdParams& p, const NormRowShape& shape) {
-  const int tiles = p.type == NormType::kLayerNorm ? 2 : 1;
-  return size_t(tiles) * weight_tile_floats(shape.chunks, shape.threads_per_row) * sizeof(float);
-}
-
 }  // namespace
 
 void norm_fwd_cuda(const NormFwdParams& p, int device, void* /*workspace: unused*/, size_t /*workspace_size*/,
@@ -166,11 +171,10 @@ void norm_fwd_cuda(const NormFwdParams& p, int device, void* /*workspace: unused
     norm_fwd_fallback_cuda(p, device, stream);
     return;
   }
-  const size_t smem = fwd_smem_bytes(p, shape);
   auto launch = [&](auto kernel) {
     // at least one block even for zero rows: it still writes an FP8 output's scale_inv
-    const int64_t grid = norm_resident_grid(reinterpret_cast<const void*>(kernel), shape, smem, p.rows, device);
-    kernel<<<unsigned(grid), unsigned(shape.block_threads()), smem, as_stream(stream)>>>(
+    const int64_t grid = norm_resident_grid(reinterpret_cast<const void*>(kernel), shape, 0, p.rows, device);
+    kernel<<<unsigned(grid), unsigned(shape.block_threads()), 0, as_stream(stream)>>>(
         p, shape.threads_per_row, shape.rows_per_block);
     check_launch("norm_fwd_rows_kernel");
   };
@@ -193,7 +197,8 @@ void norm_fwd_cuda(const NormFwdParams& p, int device, void* /*workspace: unused
       }
     }
   };
-  const bool vectorized = p.hidden % kChunk == 0 && is_aligned(p.input, 16) &&
+  const bool vectorized = p.hidden % kChunk == 0 && is_aligned(p.input, 16) && is_aligned(p.gamma, 16) &&
+                          (p.beta == nullptr || is_aligned(p.beta, 16)) &&
                           (p.output == nullptr || is_aligned(p.output, is_fp8(p.out_dtype) ? 8 : 16));
   dispatch_float_dtype(p.in_dtype, [&](auto in_tag) {
     if (vectorized) {

@@ -79,46 +79,45 @@ struct RowGroup {
   __device__ __forceinline__ int column(int j) const { return (j * threads + thread) * kChunk; }
 };
 
-// Chunk [col, col + 8) of a row as fp32; columns at or past `limit` read as `fill`.
-// kVectorized: hidden % 8 == 0 and the row 16-byte aligned, so a chunk is all in
-// the row or all past it and loads as one 16-byte vector (two for fp32); else
-// element by element.
-template <bool kVectorized, class T>
-__device__ __forceinline__ void load_chunk(const T* row, int col, int limit, float fill, float (&v)[kChunk]) {
-  if constexpr (kVectorized) {
-    if (col < limit) {
-      const Vec8<T> raw = *reinterpret_cast<const Vec8<T>*>(row + col);
-#pragma unroll
-      for (int i = 0; i < kChunk; ++i) v[i] = to_float(raw.v[i]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < kChunk; ++i) v[i] = fill;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kChunk; ++i) v[i] = col + i < limit ? to_float(row[col + i]) : fill;
-  }
+// Eight elements with a streaming load (ld.global.cs), which marks its lines first
+// to evict: the forward's rows pass through L1 once and so do not push out the
+// weights it reads again for every row. (The backward keeps plain loads: there
+// streaming ones made hidden 16384 12-23% slower on an H100.)
+template <class T>
+__device__ __forceinline__ void load_evict_first(const T* at, Vec8<T>& v) {
+  static_assert(sizeof(T) == 2, "16-bit elements: one 16-byte word");
+  *reinterpret_cast<uint4*>(&v) = __ldcs(reinterpret_cast<const uint4*>(at));
+}
+__device__ __forceinline__ void load_evict_first(const float* at, Vec8<float>& v) {
+  const float4 lo = __ldcs(reinterpret_cast<const float4*>(at)), hi = __ldcs(reinterpret_cast<const float4*>(at) + 1);
+  v.v[0] = lo.x, v.v[1] = lo.y, v.v[2] = lo.z, v.v[3] = lo.w;
+  v.v[4] = hi.x, v.v[5] = hi.y, v.v[6] = hi.z, v.v[7] = hi.w;
 }
 
 // A thread's chunks of one row (RowGroup::column), held as loaded: in the input
-// dtype, converted to fp32 where they are used, so that values derived from them
-// (x hat, dz * gamma) can be recomputed where needed instead of being held in
-// registers across a row's reduction. Columns at or past `limit` hold 0.
-// kVectorized as for load_chunk.
+// dtype, converted to fp32 where they are used. Half the registers of fp32 for a
+// 16-bit row, which leaves room for more rows in flight (the forward), or for
+// values derived from them (x hat, dz * gamma) to be held or recomputed (the
+// backward). Columns at or past `limit` hold 0. kVectorized: hidden % 8 == 0 and
+// the row 16-byte aligned, so a chunk is all in the row or all past it and loads
+// as one 16-byte vector (two for fp32); else element by element.
 template <class T, int kChunks, bool kVectorized>
 struct RowShare {
   Vec8<T> raw[kChunks];
 
+  template <bool kEvictFirst = false>
   __device__ __forceinline__ void load(const T* row, const RowGroup& group, int limit) {
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       const int col = group.column(j);
       if constexpr (kVectorized) {
-        if (col < limit) {
-          raw[j] = *reinterpret_cast<const Vec8<T>*>(row + col);
-        } else {
+        if (col >= limit) {
 #pragma unroll
           for (int i = 0; i < kChunk; ++i) raw[j].v[i] = from_float<T>(0.0f);
+        } else if constexpr (kEvictFirst) {
+          load_evict_first(row + col, raw[j]);
+        } else {
+          raw[j] = *reinterpret_cast<const Vec8<T>*>(row + col);
         }
       } else {
 #pragma unroll
@@ -130,6 +129,57 @@ struct RowShare {
   __device__ __forceinline__ float at(int j, int i) const { return to_float(raw[j].v[i]); }
 };
 
+// Chunk [col, col + 8) of a weight vector (gamma or beta, of a runtime dtype) as
+// fp32 plus `shift`; 0 past `hidden`. kVectorized: hidden % 8 == 0 and the vector
+// 16-byte aligned (one or two 16-byte loads); else element by element. The same
+// chunks are read for every row a thread visits, so they come from L1; the
+// caller passes `w` through opaque_per_row() so that they are read there.
+template <bool kVectorized>
+__device__ __forceinline__ void load_weight_chunk(const void* w, te_dtype dtype, int col, int hidden, float shift,
+                                                  float (&v)[kChunk]) {
+  if constexpr (kVectorized) {
+    if (col >= hidden) {
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) v[i] = 0.0f;
+      return;
+    }
+    switch (dtype) {
+      case TE_DTYPE_BFLOAT16: {
+        Vec8<__nv_bfloat16> raw;
+        *reinterpret_cast<uint4*>(&raw) = __ldg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(w) + col));
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) v[i] = to_float(raw.v[i]) + shift;
+        break;
+      }
+      case TE_DTYPE_FLOAT16: {
+        Vec8<__half> raw;
+        *reinterpret_cast<uint4*>(&raw) = __ldg(reinterpret_cast<const uint4*>(static_cast<const __half*>(w) + col));
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) v[i] = to_float(raw.v[i]) + shift;
+        break;
+      }
+      default: {
+        const float4* quads = reinterpret_cast<const float4*>(static_cast<const float*>(w) + col);
+        const float4 lo = __ldg(quads), hi = __ldg(quads + 1);
+        v[0] = lo.x + shift, v[1] = lo.y + shift, v[2] = lo.z + shift, v[3] = lo.w + shift;
+        v[4] = hi.x + shift, v[5] = hi.y + shift, v[6] = hi.z + shift, v[7] = hi.w + shift;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) v[i] = col + i < hidden ? load_param(w, col + i, dtype) + shift : 0.0f;
+  }
+}
+
+// `ptr`, made opaque to the compiler once per row: loads through it cannot be
+// hoisted out of the row loop as invariant. Hoisted, every chunk's weights
+// stayed in registers across the rows (up to 64 more; ptxas then spilled).
+template <class T>
+__device__ __forceinline__ T* opaque_per_row(T* ptr) {
+  asm volatile("" : "+l"(ptr));
+  return ptr;
+}
+
 // Whether element i of the chunk at `col` lies in the row (for kVectorized the
 // whole chunk does or does not: one predicate a chunk instead of eight, which
 // ptxas would otherwise keep in registers across the row loop).
@@ -139,7 +189,7 @@ __device__ __forceinline__ bool in_row(int col, int i, int hidden) {
 }
 
 // y[0..8) to columns [col, col + 8) of a row of kOut elements, those < hidden.
-// kVectorized as for load_chunk (for FP8 the row need only be 8-byte aligned).
+// kVectorized as for RowShare (for FP8 the row need only be 8-byte aligned).
 template <bool kVectorized, te_dtype kOut>
 __device__ __forceinline__ void store_chunk(void* row, int col, int hidden, const float (&y)[kChunk]) {
   if constexpr (kVectorized) {
@@ -176,14 +226,12 @@ __device__ __forceinline__ void store_element_as(void* base, int64_t i, te_dtype
   }
 }
 
-// A weight vector (gamma or beta) staged once per block in shared memory as fp32,
-// in the order the row group reads it: float4 number (j * 2 + h) * threads + t
-// holds columns column(j) + 4h ... + 3 of thread t, so a warp's reads of one
-// half-chunk are consecutive 16-byte words (no bank conflicts), and the groups of
-// a block (same columns) share it. Columns past `hidden` hold 0, so padded
-// columns contribute nothing. Registers are better spent on the row itself: with
-// 32 elements of x, gamma and beta in fp32 registers the forward spilled (ptxas,
-// sm_90a), and fewer live registers leave room for more rows in flight.
+// gamma staged once per block in shared memory as fp32, for the backward (whose
+// registers go to dz, x and the column sums), in the order the row group reads
+// it: float4 number (j * 2 + h) * threads + t holds columns column(j) + 4h ... + 3
+// of thread t, so a warp's reads of one half-chunk are consecutive 16-byte words
+// (no bank conflicts), and the groups of a block (same columns) share it. Columns
+// past `hidden` hold 0, so padded columns contribute nothing.
 // Size: weight_tile_floats(chunks, threads) floats, a multiple of 8.
 __host__ __device__ constexpr int weight_tile_floats(int chunks, int threads_per_row) {
   return chunks * kChunk * threads_per_row;

@@ -36,11 +36,10 @@ NormRowShape row_shape(int64_t hidden, int chunks, int target_block_threads) {
 
 // Forward: 16 elements a thread up to hidden 512 (2 chunks: short rows spread over
 // more lanes), 32 above (4 chunks), so hidden 1024 is a warp a row and 4096 four
-// warps. Only x lives in registers across the row (gamma and beta are read from
-// shared memory): 54-66 registers with a 16-bit or fp32 output, 84-106 with an FP8
-// one (ptxas, sm_90a, CUDA 13.0; 128 with x, gamma and beta all in registers, which
-// spilled). Blocks of 256 threads: two or three blocks an SM, whose reductions and
-// loads interleave.
+// warps. Only x lives in registers across the row, in its dtype (gamma and beta
+// are read per chunk where y is formed): at most 64 registers for a 16-bit input,
+// 56-92 for fp32 (ptxas, sm_90a, CUDA 13.0). Blocks of 256 threads: four blocks an
+// SM for 16-bit rows, whose reductions and loads interleave.
 NormRowShape norm_fwd_row_shape(int64_t hidden) {
   if (hidden > kNormFwdMaxRegisterHidden) return {};
   return row_shape(hidden, hidden <= 512 ? kNormFwdSmallChunks : kNormFwdChunks, 256);
