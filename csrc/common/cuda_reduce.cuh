@@ -1,5 +1,5 @@
-// Block-wide max of non-negative floats, folded into a global amax with one
-// atomic per block.
+// Reductions inside kernels: block-wide max of non-negative floats, folded into a
+// global amax with one atomic per block; compensated sums.
 #pragma once
 
 #include <stdint.h>
@@ -33,5 +33,17 @@ __device__ __forceinline__ void block_max_to_global(float v, float* amax) {
     if (lane == 0) atomic_max_nonnegative(amax, v);
   }
 }
+
+// Compensated (Kahan) summation, for long sequential sums outside the hot loops
+// (the partial sums of dbias, dgamma and dbeta over row blocks).
+struct KahanSum {
+  float sum = 0.0f, carry = 0.0f;
+  __device__ __forceinline__ void add(float v) {
+    const float y = v - carry;
+    const float t = sum + y;
+    carry = (t - sum) - y;
+    sum = t;
+  }
+};
 
 }  // namespace opente

@@ -184,15 +184,7 @@ __global__ void __launch_bounds__(kCtThreads) act_tile_kernel(TileParams p, int6
     if (active && opaque(int(transpose))) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        // column j of the block = bytes j of rows 0..7, gathered two rows at a time
-        const uint32_t* src = j < 4 ? lo : hi;
-        const uint32_t select_pair = (j % 4) | ((j % 4 + 4) << 4);
-        const uint32_t p01 = __byte_perm(src[0], src[1], select_pair);
-        const uint32_t p23 = __byte_perm(src[2], src[3], select_pair);
-        const uint32_t p45 = __byte_perm(src[4], src[5], select_pair);
-        const uint32_t p67 = __byte_perm(src[6], src[7], select_pair);
-        *reinterpret_cast<uint2*>(tile_t + transposed_slot(c_in_tile + j, r_in_tile)) =
-            make_uint2(__byte_perm(p01, p23, 0x5410), __byte_perm(p45, p67, 0x5410));
+        *reinterpret_cast<uint2*>(tile_t + transposed_slot(c_in_tile + j, r_in_tile)) = byte_block_column(lo, hi, j);
       }
     }
     if (opaque(int(sum_columns))) {

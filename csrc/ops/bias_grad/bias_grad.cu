@@ -15,18 +15,6 @@ namespace {
 
 static_assert(kDbiasRowBlock == kTileRowBlock, "the workspace size assumes the kernels' row blocks");
 
-// Compensated (Kahan) summation over the row blocks: 16384 rows are 128 partials
-// per column, each already a sum of 128 values.
-struct KahanSum {
-  float sum = 0.0f, carry = 0.0f;
-  __device__ __forceinline__ void add(float v) {
-    const float y = v - carry;
-    const float t = sum + y;
-    carry = (t - sum) - y;
-    sum = t;
-  }
-};
-
 // 32 columns per block (coalesced 128-byte rows of the partials) and 8 groups of
 // row blocks, so that a [128, 4096] workspace is read by 128 blocks in a few
 // microseconds rather than by 16 blocks walking 128 dependent rows.

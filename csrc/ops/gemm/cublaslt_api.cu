@@ -1,26 +1,17 @@
 #include "ops/gemm/cublaslt_api.h"
 
-#include <dlfcn.h>
-
 #include <mutex>
 #include <string>
 
+#include "common/dynamic_library.h"
 #include "common/error.h"
 
 namespace opente {
 namespace {
 
-#define OPENTE_STR2(x) #x
-#define OPENTE_STR(x) OPENTE_STR2(x)
 // The SONAME of the cuBLAS we were compiled against (libcublasLt.so.13 for CUDA 13).
 constexpr const char* kLibrary = "libcublasLt.so." OPENTE_STR(CUBLAS_VER_MAJOR);
 constexpr const char* kToolkitLibrary = "/usr/local/cuda/lib64/libcublasLt.so." OPENTE_STR(CUBLAS_VER_MAJOR);
-
-template <class Fn>
-void resolve(void* lib, const char* name, Fn& fn) {
-  fn = reinterpret_cast<Fn>(dlsym(lib, name));
-  if (!fn) fail(TE_ERROR_CUDA, concat(kLibrary, " has no symbol ", name));
-}
 
 CublasLtApi load() {
   void* lib = dlopen(kLibrary, RTLD_NOW | RTLD_GLOBAL);
@@ -30,18 +21,18 @@ CublasLtApi load() {
                                "or put the CUDA toolkit's lib64 on LD_LIBRARY_PATH (", dlerror(), ")"));
   }
   CublasLtApi api{};
-  resolve(lib, "cublasLtCreate", api.create);
-  resolve(lib, "cublasLtGetStatusString", api.status_string);
-  resolve(lib, "cublasLtMatmulDescCreate", api.desc_create);
-  resolve(lib, "cublasLtMatmulDescDestroy", api.desc_destroy);
-  resolve(lib, "cublasLtMatmulDescSetAttribute", api.desc_set);
-  resolve(lib, "cublasLtMatrixLayoutCreate", api.layout_create);
-  resolve(lib, "cublasLtMatrixLayoutDestroy", api.layout_destroy);
-  resolve(lib, "cublasLtMatmulPreferenceCreate", api.pref_create);
-  resolve(lib, "cublasLtMatmulPreferenceDestroy", api.pref_destroy);
-  resolve(lib, "cublasLtMatmulPreferenceSetAttribute", api.pref_set);
-  resolve(lib, "cublasLtMatmulAlgoGetHeuristic", api.heuristic);
-  resolve(lib, "cublasLtMatmul", api.matmul);
+  resolve_symbol(lib, kLibrary, "cublasLtCreate", api.create);
+  resolve_symbol(lib, kLibrary, "cublasLtGetStatusString", api.status_string);
+  resolve_symbol(lib, kLibrary, "cublasLtMatmulDescCreate", api.desc_create);
+  resolve_symbol(lib, kLibrary, "cublasLtMatmulDescDestroy", api.desc_destroy);
+  resolve_symbol(lib, kLibrary, "cublasLtMatmulDescSetAttribute", api.desc_set);
+  resolve_symbol(lib, kLibrary, "cublasLtMatrixLayoutCreate", api.layout_create);
+  resolve_symbol(lib, kLibrary, "cublasLtMatrixLayoutDestroy", api.layout_destroy);
+  resolve_symbol(lib, kLibrary, "cublasLtMatmulPreferenceCreate", api.pref_create);
+  resolve_symbol(lib, kLibrary, "cublasLtMatmulPreferenceDestroy", api.pref_destroy);
+  resolve_symbol(lib, kLibrary, "cublasLtMatmulPreferenceSetAttribute", api.pref_set);
+  resolve_symbol(lib, kLibrary, "cublasLtMatmulAlgoGetHeuristic", api.heuristic);
+  resolve_symbol(lib, kLibrary, "cublasLtMatmul", api.matmul);
   return api;
 }
 

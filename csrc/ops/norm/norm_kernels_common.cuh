@@ -272,17 +272,6 @@ __device__ __forceinline__ float chunk_sum(const float (&v)[kChunk]) {
   return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 }
 
-// Compensated (Kahan) summation, for long sequential sums outside the hot loops.
-struct KahanSum {
-  float sum = 0.0f, carry = 0.0f;
-  __device__ __forceinline__ void add(float v) {
-    const float y = v - carry;
-    const float t = sum + y;
-    carry = (t - sum) - y;
-    sum = t;
-  }
-};
-
 __device__ __forceinline__ float add(float a, float b) { return a + b; }
 __device__ __forceinline__ float2 add(float2 a, float2 b) { return make_float2(a.x + b.x, a.y + b.y); }
 __device__ __forceinline__ float shfl_xor(float v, int offset) { return __shfl_xor_sync(0xffffffffu, v, offset); }

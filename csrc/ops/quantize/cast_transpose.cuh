@@ -31,6 +31,19 @@ __device__ __forceinline__ int transposed_slot(int c, int r) {
   return c * kCtTileRows + ((((r / 8) ^ (c / 8)) % 16) * 8) + (r % 8);
 }
 
+// Column j of an 8x8 block of bytes held as rows: row k is the 8 bytes
+// (lo[k], hi[k]), little-endian. Column j is byte j of every row, gathered two rows
+// at a time with byte permutes, returned as 8 bytes (row 0 in the lowest).
+__device__ __forceinline__ uint2 byte_block_column(const uint32_t (&lo)[8], const uint32_t (&hi)[8], int j) {
+  const uint32_t* src = j < 4 ? lo : hi;
+  const uint32_t select_pair = (j % 4) | ((j % 4 + 4) << 4);
+  const uint32_t p01 = __byte_perm(src[0], src[1], select_pair);
+  const uint32_t p23 = __byte_perm(src[2], src[3], select_pair);
+  const uint32_t p45 = __byte_perm(src[4], src[5], select_pair);
+  const uint32_t p67 = __byte_perm(src[6], src[7], select_pair);
+  return make_uint2(__byte_perm(p01, p23, 0x5410), __byte_perm(p45, p67, 0x5410));
+}
+
 // 16 bytes global -> shared without registers (cp.async, Ampere and later). PTX,
 // not __pipeline_memcpy_async: the compiler turned that back into plain loads.
 __device__ __forceinline__ void copy_async_16(void* smem_dst, const void* global_src) {
@@ -92,15 +105,7 @@ __global__ void __launch_bounds__(kCtThreads)
     }
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      // column j of the block = bytes j of rows 0..7, gathered two rows at a time
-      const uint32_t* src = j < 4 ? lo : hi;
-      const uint32_t select_pair = (j % 4) | ((j % 4 + 4) << 4);
-      const uint32_t p01 = __byte_perm(src[0], src[1], select_pair);
-      const uint32_t p23 = __byte_perm(src[2], src[3], select_pair);
-      const uint32_t p45 = __byte_perm(src[4], src[5], select_pair);
-      const uint32_t p67 = __byte_perm(src[6], src[7], select_pair);
-      *reinterpret_cast<uint2*>(tile_t + transposed_slot(c_in_tile + j, r_in_tile)) =
-          make_uint2(__byte_perm(p01, p23, 0x5410), __byte_perm(p45, p67, 0x5410));
+      *reinterpret_cast<uint2*>(tile_t + transposed_slot(c_in_tile + j, r_in_tile)) = byte_block_column(lo, hi, j);
     }
   }
   __syncthreads();

@@ -1,7 +1,6 @@
 #include "ops/fused_attn/cudnn/cudnn_library.h"
 
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 #include <stdlib.h>
 
 #include <array>
@@ -9,6 +8,7 @@
 #include <string>
 
 #include "common/cuda_utils.h"
+#include "common/dynamic_library.h"
 #include "common/error.h"
 #include "cudnn_frontend_version.h"
 
@@ -21,8 +21,6 @@ void* cudnn_dlhandle = nullptr;
 namespace opente {
 namespace {
 
-#define OPENTE_STR2(x) #x
-#define OPENTE_STR(x) OPENTE_STR2(x)
 // The SONAME of the cuDNN major we were compiled against (libcudnn.so.9).
 constexpr const char* kLibrary = "libcudnn.so." OPENTE_STR(CUDNN_MAJOR);
 constexpr const char* kToolkitLibrary = "/usr/local/cuda/lib64/libcudnn.so." OPENTE_STR(CUDNN_MAJOR);
@@ -33,12 +31,6 @@ struct CudnnApi {
   decltype(&cudnnSetStream) set_stream = nullptr;
   decltype(&cudnnGetErrorString) error_string = nullptr;
 };
-
-template <class Fn>
-void resolve(void* lib, const char* name, Fn& fn) {
-  fn = reinterpret_cast<Fn>(dlsym(lib, name));
-  if (!fn) fail(TE_ERROR_CUDA, concat(kLibrary, " has no symbol ", name));
-}
 
 // OPENTE_CUDNN_LIBRARY, then the loader's search (finds the copy torch already
 // mapped: dlopen matches a loaded library by its SONAME), then the toolkit's.
@@ -61,10 +53,10 @@ CudnnApi load() {
   void* lib = open_library();
   CudnnApi api;
   decltype(&cudnnGetVersion) get_version = nullptr;
-  resolve(lib, "cudnnGetVersion", get_version);
-  resolve(lib, "cudnnCreate", api.create);
-  resolve(lib, "cudnnSetStream", api.set_stream);
-  resolve(lib, "cudnnGetErrorString", api.error_string);
+  resolve_symbol(lib, kLibrary, "cudnnGetVersion", get_version);
+  resolve_symbol(lib, kLibrary, "cudnnCreate", api.create);
+  resolve_symbol(lib, kLibrary, "cudnnSetStream", api.set_stream);
+  resolve_symbol(lib, kLibrary, "cudnnGetErrorString", api.error_string);
   api.version = int64_t(get_version());
   const int64_t major = api.version / 10000;
   if (major != CUDNN_MAJOR) {
