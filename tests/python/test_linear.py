@@ -322,3 +322,38 @@ def test_fp8_model_init_memory_cuda():
     assert plain_bytes >= 32 * 2**20
     assert fp8_bytes <= 16 * 2**20 + 2**16, (plain_bytes, fp8_bytes)
     del fp8
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", [DelayedScaling(), Float8CurrentScaling()], ids=["delayed", "current"])
+def test_fp8_saves_only_the_columnwise_input(recipe, device):
+    """The wgrad GEMM reads the input's column-wise FP8 copy only: that is all the forward
+    saves (the row-wise one, the forward GEMM's, is freed), and the backward still runs."""
+    layer = te.Linear(64, 32, device=device)
+    x = torch.randn(48, 64, device=device, requires_grad=True)
+    with te.fp8_autocast(enabled=True, fp8_recipe=recipe):
+        y = layer(x)
+    saved_x = y.grad_fn.state[0]  # the autograd ctx's attributes are its grad_fn's
+    assert saved_x._data is None and saved_x._transpose is not None
+    assert tuple(saved_x._transpose.shape) == (64, 48)
+    y.float().pow(2).sum().backward()
+    assert layer.weight.grad is not None and torch.isfinite(layer.weight.grad).all()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+@requires_cuda
+def test_fp8_forward_memory_cuda():
+    """After an FP8 forward, an [8192, 4096] bf16 input costs one FP8 copy (32 MiB, the
+    column-wise one the wgrad GEMM reads), not two: the row-wise copy is freed."""
+    layer = te.Linear(4096, 64, bias=False, params_dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with te.fp8_autocast(enabled=True):
+        layer(x).sum().backward()  # first step: the weight's FP8 copies and workspaces exist after it
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    with te.fp8_autocast(enabled=True):
+        y = layer(x)
+    torch.cuda.synchronize()
+    grown = torch.cuda.memory_allocated() - before - y.numel() * y.element_size()
+    assert 32 * 2**20 <= grown < 40 * 2**20, grown / 2**20
+    del y

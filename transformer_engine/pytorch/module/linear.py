@@ -100,6 +100,16 @@ def hp_wgrad(x: torch.Tensor, dy: torch.Tensor, dev: CoreDevice, out: Optional[t
     return grad
 
 
+def columnwise_only(t: Float8TensorBase) -> Float8TensorBase:
+    """What the wgrad GEMM reads of an FP8 input saved for the backward: its column-wise
+    copy alone, in a storage of its own (the caller's keeps both), so that the row-wise
+    data, the forward GEMM's operand, is freed once nothing else holds it; Transformer
+    Engine saves its inputs the same way. Storage without both layouts comes as it is."""
+    if t._data is None or t._transpose is None:
+        return t
+    return Float8TensorBase.wrap(None, t._transpose, t._scale_inv, t._fp8_dtype)
+
+
 def linear_gemm_forward(module: TransformerEngineBaseModule, step: FP8Step, x: torch.Tensor, weight, bias,
                         dtype: torch.dtype, is_first_microbatch: Optional[bool], need_wgrad: bool, need_dgrad: bool,
                         dev: CoreDevice, x_fp8: Optional[Float8TensorBase] = None, weight_name: str = "weight",
@@ -123,9 +133,10 @@ def linear_gemm_forward(module: TransformerEngineBaseModule, step: FP8Step, x: t
         if w_fp8 is None:
             w_fp8 = module.fp8_weight(weight_name, weight, dtype, step, index + 1, is_first_microbatch,
                                       need_dgrad, dev)
+        saved_x = columnwise_only(x_fp8) if need_wgrad else None
         if fp8_output:
             out = _fprop_to_fp8(step, w_fp8, x_fp8, bias, dtype, index + 2, dev)
-            return out, (x_fp8 if need_wgrad else None), (w_fp8 if need_dgrad else None)
+            return out, saved_x, (w_fp8 if need_dgrad else None)
         # cuBLASLt has no FP8 GEMM with an fp32 output and an fp32 bias epilogue: the bias
         # is added afterwards there (fp32 activations under FP8 are rare; bf16 fuses it).
         fuse_bias = bias is not None and not (dev.type == CUDA and dtype == torch.float32)
@@ -133,7 +144,7 @@ def linear_gemm_forward(module: TransformerEngineBaseModule, step: FP8Step, x: t
                               split_accumulator=_split(step, "fp8_gemm_fprop", default=False))
         if bias is not None and not fuse_bias:
             out.add_(bias)
-        return out, (x_fp8 if need_wgrad else None), (w_fp8 if need_dgrad else None)
+        return out, saved_x, (w_fp8 if need_dgrad else None)
     if isinstance(weight, Float8TensorBase):
         w = weight.dequantize(dtype=dtype)
     else:
