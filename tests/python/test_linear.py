@@ -357,3 +357,24 @@ def test_fp8_forward_memory_cuda():
     grown = torch.cuda.memory_allocated() - before - y.numel() * y.element_size()
     assert 32 * 2**20 <= grown < 40 * 2**20, grown / 2**20
     del y
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_deepcopy_with_cached_fp8_weight(device):
+    """A module holding the FP8 weight cast on the first microbatch deep-copies (its own
+    copy of the FP8 buffers), and the copy computes what the original does."""
+    import copy
+
+    layer = te.Linear(64, 32, device=device)
+    x = torch.randn(16, 64, device=device)
+    with te.fp8_autocast(enabled=True):
+        layer(x, is_first_microbatch=True)
+    twin_layer = copy.deepcopy(layer)
+    original, copied = layer._fp8_weight_cache["weight"], twin_layer._fp8_weight_cache["weight"]
+    assert copied._data.data_ptr() != original._data.data_ptr()
+    assert torch.equal(copied._data, original._data) and torch.equal(copied._scale_inv, original._scale_inv)
+    with te.fp8_autocast(enabled=True):
+        y_copy = twin_layer(x, is_first_microbatch=False)
+    with te.fp8_autocast(enabled=True):
+        y = layer(x, is_first_microbatch=False)
+    assert torch.equal(y, y_copy)

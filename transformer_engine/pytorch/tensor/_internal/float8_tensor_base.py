@@ -72,6 +72,13 @@ class Float8TensorBase:
         instance._quantizer = quantizer
         return instance
 
+    def __getnewargs_ex__(self):
+        """The constructor's keywords, for copy.deepcopy and pickle of the plain storage (a
+        module holding a cached FP8 weight is deep-copied with it). Float8Tensor has its
+        own __reduce_ex__."""
+        return (), dict(fp8_scale_inv=self._scale_inv, fp8_dtype=self._fp8_dtype, data=self._data,
+                        data_transpose=self._transpose)
+
     @staticmethod
     def wrap(data: Optional[torch.Tensor], data_transpose: Optional[torch.Tensor], scale_inv: torch.Tensor,
              fp8_dtype: DType) -> "Float8TensorBase":
