@@ -1,6 +1,7 @@
 // Device-side building blocks of the norm kernels: a row group's view of its row
 // (which columns a thread holds), chunk loads and stores with their bounds, the
-// weights staged once per block, and the sums over a row group.
+// weights (read a chunk at a time by the forward, staged once per block by the
+// backward), and the sums over a row group.
 #pragma once
 
 #include <stdint.h>
@@ -146,7 +147,8 @@ __device__ __forceinline__ void load_weight_chunk(const void* w, te_dtype dtype,
     switch (dtype) {
       case TE_DTYPE_BFLOAT16: {
         Vec8<__nv_bfloat16> raw;
-        *reinterpret_cast<uint4*>(&raw) = __ldg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(w) + col));
+        *reinterpret_cast<uint4*>(&raw) =
+            __ldg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(w) + col));
 #pragma unroll
         for (int i = 0; i < kChunk; ++i) v[i] = to_float(raw.v[i]) + shift;
         break;
