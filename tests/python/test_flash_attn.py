@@ -27,6 +27,7 @@ from importlib.metadata import PackageNotFoundError
 import fake_flash_attn
 import pytest
 import torch
+from attention_params import attention_params
 from conftest import requires_cuda
 
 import transformer_engine.pytorch as te
@@ -82,11 +83,8 @@ def fake_on_cpu(monkeypatch, fake):
 
 
 def params(**overrides) -> AttentionParams:
-    base = dict(qkv_dtype=torch.bfloat16, device_type="cuda", compute_capability=(8, 0), qkv_format="bshd",
-                batch_size=2, num_heads=16, num_gqa_groups=16, max_seqlen_q=128, max_seqlen_kv=128, head_dim_qk=64,
-                head_dim_v=64, attn_mask_type="causal", window_size=(-1, 0), is_training=True)
-    base.update(overrides)
-    return AttentionParams(**base)
+    """attention_params on an sm_80 GPU (flash-attn 2's first architecture) unless overridden."""
+    return attention_params(**{"compute_capability": (8, 0), **overrides})
 
 
 def flash_reasons(choice) -> str:

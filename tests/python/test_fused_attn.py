@@ -24,6 +24,7 @@ import math
 
 import pytest
 import torch
+from attention_params import attention_params as params
 from attention_reference import decode_with_cache, reference_mask
 from conftest import CUDA_SKIP_REASON, HAVE_CUDA
 
@@ -31,7 +32,7 @@ import transformer_engine.pytorch as te
 from transformer_engine import _core
 from transformer_engine.pytorch.attention.dot_product_attention import backends
 from transformer_engine.pytorch.attention.dot_product_attention import dot_product_attention as dpa_module
-from transformer_engine.pytorch.attention.dot_product_attention.backends import AttentionParams, get_attention_backend
+from transformer_engine.pytorch.attention.dot_product_attention.backends import get_attention_backend
 from transformer_engine.pytorch.attention.dot_product_attention.fused import FusedAttention
 from transformer_engine.pytorch.cpp_extensions import fused_attn as ext
 
@@ -63,14 +64,6 @@ def cudnn_available(monkeypatch):
     backends._select.cache_clear()
     yield
     backends._select.cache_clear()
-
-
-def params(**overrides) -> AttentionParams:
-    base = dict(qkv_dtype=torch.bfloat16, device_type="cuda", compute_capability=(9, 0), qkv_format="bshd",
-                batch_size=2, num_heads=16, num_gqa_groups=16, max_seqlen_q=128, max_seqlen_kv=128, head_dim_qk=64,
-                head_dim_v=64, attn_mask_type="causal", window_size=(-1, 0), is_training=True)
-    base.update(overrides)
-    return AttentionParams(**base)
 
 
 def fused_reasons(choice) -> str:
