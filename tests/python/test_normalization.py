@@ -501,10 +501,24 @@ def on_device(t, device, misaligned=False):
     return view
 
 
-def check_fwd_cuda(norm, rows, hidden, x_dtype, w_dtype, zc, device, gen, misaligned=False, out_dtype=None):
+def with_hard_rows(x):
+    """x with rows whose statistics defeat shortcuts: every other row has an outlier in
+    column 0 (50 of its spreads off, as an outlier feature of a transformer), the others a
+    large offset (1000 plus N(0, 1))."""
+    x = x.float().clone()
+    spread = x.std(-1, keepdim=True)
+    x[0::2, 0] = x[0::2].mean(-1) + 50 * spread[0::2, 0]
+    x[1::2] = 1000 + (x[1::2] - x[1::2].mean(-1, keepdim=True)) / spread[1::2]
+    return x
+
+
+def check_fwd_cuda(norm, rows, hidden, x_dtype, w_dtype, zc, device, gen, misaligned=False, out_dtype=None,
+                   hard_rows=False):
     """The forward on ``device`` against the float64 reference, torch's fp32 and the CPU
     core: y (in ``out_dtype``, default x's), mu and rsigma."""
     x, w, b = make_inputs((rows,), hidden, x_dtype, w_dtype, zc, gen)
+    if hard_rows:
+        x = with_hard_rows(x).to(x_dtype)
     xd, wd, bd = on_device(x, device, misaligned), w.to(device), b.to(device)
     poison_cache(x.numel() * 4, device)  # after the inputs: the outputs reuse the poisoned block
     got = run_fwd(norm, xd, wd, bd, 1e-5, zc, out_dtype=out_dtype)
@@ -559,6 +573,36 @@ def test_fwd_cuda_buckets(norm, hidden, device, gen):
 def test_fwd_cuda_buckets_other_dtypes(norm, x_dtype, hidden, device, gen):
     """fp32 rows load as two 16-byte vectors a chunk; fp16 with fp32 weights."""
     check_fwd_cuda(norm, 7, hidden, x_dtype, OTHER[x_dtype], True, device, gen)
+
+
+@pytest.mark.parametrize("device", ["cpu"] + CUDA)
+@pytest.mark.parametrize("hidden", [64, 1000, 1024, 4096, 16384, 20000], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd_hard_rows(norm, x_dtype, hidden, device, gen):
+    """Rows with an outlier in column 0 or a large offset: the corrected two-pass
+    statistics keep y, mu and rsigma within a few times torch's fp32 error there (a
+    mean summed in fp32 alone was 1000x off it at an offset of 1000). On the CPU the
+    core is checked against torch's CPU kernel; hidden 20000 takes the fallback kernel."""
+    check_fwd_cuda(norm, 30, hidden, x_dtype, torch.float32, False, device, gen, hard_rows=True)
+
+
+@pytest.mark.parametrize("device", ["cpu"] + CUDA)
+@pytest.mark.parametrize("hidden", [64, 1000, 4096, 20000], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd_nan_row_stays_nan(norm, x_dtype, hidden, device, gen):
+    """A NaN in a row makes that row's statistics and y NaN (the variance's clamp at 0
+    must not turn it into a number), and leaves the other rows as they were."""
+    x, w, b = make_inputs((6,), hidden, x_dtype, torch.float32, False, gen)
+    x[3, hidden // 2] = float("nan")
+    got = run_fwd(norm, x.to(device), w.to(device), b.to(device), 1e-5, False)
+    clean = run_fwd(norm, x[[0, 1, 2, 4, 5]].to(device), w.to(device), b.to(device), 1e-5, False)
+    assert torch.isnan(got[2][3]) and torch.isnan(got[0][3].float()).all()
+    if norm == "layernorm":
+        assert torch.isnan(got[1][3])
+    others = [0, 1, 2, 4, 5]
+    assert torch.equal(got[0][others], clean[0]) and torch.equal(got[2][others], clean[2])
 
 
 @pytest.mark.parametrize("device", CUDA)

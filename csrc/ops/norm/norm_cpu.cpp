@@ -1,6 +1,7 @@
 // CPU reference of the norm family: plain loops in fp32, summing each row (and,
-// in the backward, each column of dgamma / dbeta) in index order. The CUDA
-// kernels sum in another order and must agree within fp32 reduction error.
+// in the backward, each column of dgamma / dbeta) in index order; the forward's
+// row statistics are summed in double. The CUDA kernels sum in another order and
+// must agree within fp32 reduction error.
 #include <cmath>
 #include <vector>
 
@@ -35,17 +36,29 @@ void norm_fwd_typed(const NormFwdParams& p) {
   for (int64_t r = 0; r < p.rows; ++r) {
     const int64_t row = r * hidden;
     float mu = 0.0f;  // RMSNorm: no centering
+    // Row sums in double: added in index order, fp32 sums of 16k terms were 10x
+    // torch's error (which sums in a tree); the CUDA kernels sum in fp32 trees.
     if (layernorm) {
-      float sum = 0.0f;
+      double sum = 0.0;
       for (int64_t c = 0; c < hidden; ++c) sum += load_as_float<kIn>(p.input, row + c);
-      mu = sum / float(hidden);
+      mu = float(sum / double(hidden));
     }
-    float sum_sq = 0.0f;  // of (x - mu)^2: the biased variance, or mean(x^2) for RMSNorm
+    double sum_d = 0.0, sum_sq = 0.0;  // of x - mu and (x - mu)^2 (RMSNorm: mean(x^2))
     for (int64_t c = 0; c < hidden; ++c) {
       const float d = load_as_float<kIn>(p.input, row + c) - mu;
-      sum_sq += d * d;
+      sum_d += d;
+      sum_sq += double(d) * d;
     }
-    const float rsigma = 1.0f / std::sqrt(sum_sq / float(hidden) + p.eps);
+    float variance = float(sum_sq / double(hidden));
+    if (layernorm) {
+      // The corrected two-pass statistics, as the CUDA kernels (norm_fwd.cu): the
+      // deviations' sum moves mu onto the mean and takes its square off the variance.
+      const float correction = float(sum_d / double(hidden));
+      mu += correction;
+      variance -= correction * correction;
+      if (variance < 0.0f) variance = 0.0f;  // rounding; a NaN row stays NaN (fmax would drop it)
+    }
+    const float rsigma = 1.0f / std::sqrt(variance + p.eps);
     if (layernorm) p.mu[r] = mu;
     p.rsigma[r] = rsigma;
     for (int64_t c = 0; c < hidden; ++c) {

@@ -62,10 +62,21 @@ __global__ void __launch_bounds__(kThreads) norm_fwd_fallback_kernel(NormFwdPara
       if (cache_row) row_cache[c] = v;
       sum += v;
     }
-    const float mu = layernorm ? block_sum(sum) / float(hidden) : 0.0f;
-    float sum_sq = 0.0f;
-    for (int64_t c = threadIdx.x; c < hidden; c += kThreads) sum_sq += (value(c) - mu) * (value(c) - mu);
-    const float rsigma = 1.0f / sqrtf(block_sum(sum_sq) / float(hidden) + p.eps);
+    float mu = layernorm ? block_sum(sum) / float(hidden) : 0.0f;
+    float sum_d = 0.0f, sum_sq = 0.0f;
+    for (int64_t c = threadIdx.x; c < hidden; c += kThreads) {
+      const float d = value(c) - mu;
+      sum_d += d;
+      sum_sq += d * d;
+    }
+    float variance = block_sum(sum_sq) / float(hidden);
+    if (layernorm) {  // the corrected two-pass statistics of norm_fwd.cu, for every dtype (an untuned path)
+      const float correction = block_sum(sum_d) / float(hidden);
+      mu += correction;
+      variance -= correction * correction;
+      if (variance < 0.0f) variance = 0.0f;  // rounding; a NaN row stays NaN (fmaxf would drop it)
+    }
+    const float rsigma = 1.0f / sqrtf(variance + p.eps);
     if (threadIdx.x == 0) {
       if (layernorm) p.mu[r] = mu;
       p.rsigma[r] = rsigma;

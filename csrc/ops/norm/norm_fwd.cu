@@ -10,6 +10,16 @@
 // (the row loads are marked evict-first to keep them there). One wave of blocks;
 // an FP8 output's amax costs one atomic a block.
 //
+// Statistics (LayerNorm of fp32 rows): the corrected two-pass algorithm. A mean
+// summed in fp32 is off by about |mean| * 1e-7 (1e-4 at a mean of 1000, where
+// torch's Welford mean is 1000x closer, and an fp32 y shows it); the second pass
+// sums the deviations from it with their squares (one reduction of a pair), and
+// their sum, of small numbers, moves mu onto the mean and takes its square off the
+// variance. 16-bit rows cannot hold a spread that small next to a mean that large
+// (their y's rounding is far coarser than the mean's error), and skip it: it made
+// their forward 1-6% slower on an H100. A Welford / Chan merge in every shuffle
+// step instead made the kernel 6-25% slower (both tried in the sixth session).
+//
 // What limits the speed is how many rows are in flight on an SM, which registers
 // and shared memory bound. Hence the row held in its dtype, no shared memory for
 // the weights (staged as fp32 they took 128 KiB a block at hidden 16384, one
@@ -82,10 +92,14 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads, kVectorized && kIn != TE
   constexpr bool kMaybeFp8 = !kVectorized || kIsFp8<kOut>;
   const bool fp8 = kVectorized ? kIsFp8<kOut> : is_fp8_dtype(p.out_dtype);
   __shared__ float scratch[2 * kNormMaxBlockWarps];
+  // LayerNorm of fp32 rows: the mean corrected in the second pass (see "Statistics")
+  constexpr bool kCorrectMean = kLayerNorm && kIn == TE_DTYPE_FLOAT32;
+  __shared__ float2 pair_scratch[kCorrectMean ? 2 * kNormMaxBlockWarps : 1];
   const RowGroup group(threads_per_row);
   const int hidden = int(p.hidden);  // <= kNormFwdMaxRegisterHidden
   const float gamma_shift = p.zero_centered_gamma ? 1.0f : 0.0f;
   RowReduction<float> reduction(scratch, group);
+  RowReduction<float2> pair_reduction(pair_scratch, group);  // kCorrectMean's second pass
   const float scale = fp8 ? *p.scale : 1.0f;
   float amax = 0.0f;
 
@@ -110,19 +124,33 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads, kVectorized && kIn != TE
       }
       mu = reduction.sum(sum) / float(hidden);
     }
-    float sum_sq = 0.0f;  // of (x - mu)^2 over the row's columns only
+    // Second pass: the squared deviations from mu, and (kCorrectMean) the deviations
+    // themselves, which correct mu (see "Statistics" at the top).
+    float sum_d = 0.0f, sum_sq = 0.0f;
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       const int col = group.column(j);
-      float sq[kChunk];
+      float dev[kChunk], sq[kChunk];
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) {
         const float d = x.at(j, i) - mu;
+        dev[i] = in_row<kVectorized>(col, i, hidden) ? d : 0.0f;
         sq[i] = in_row<kVectorized>(col, i, hidden) ? d * d : 0.0f;
       }
+      if constexpr (kCorrectMean) sum_d += chunk_sum(dev);
       sum_sq += chunk_sum(sq);
     }
-    const float rsigma = 1.0f / sqrtf(reduction.sum(sum_sq) / float(hidden) + p.eps);
+    float variance;
+    if constexpr (kCorrectMean) {
+      const float2 sums = pair_reduction.sum(make_float2(sum_d, sum_sq));
+      const float correction = sums.x / float(hidden);
+      mu += correction;
+      variance = sums.y / float(hidden) - correction * correction;
+      if (variance < 0.0f) variance = 0.0f;  // rounding; a NaN row stays NaN (fmaxf would drop it)
+    } else {
+      variance = reduction.sum(sum_sq) / float(hidden);
+    }
+    const float rsigma = 1.0f / sqrtf(variance + p.eps);
     if (!active) continue;  // the group's last shuffle or barrier of this row is behind
     if (group.thread == 0) {
       if constexpr (kLayerNorm) p.mu[r] = mu;
