@@ -4,6 +4,7 @@ side by side in one run.
 
     python3 benchmarks/bench_host_overhead.py                  # the GPU when there is one
     python3 benchmarks/bench_host_overhead.py --device cpu     # no GPU needed
+    python3 benchmarks/bench_host_overhead.py --split          # + where te.Linear's backward time goes
 
 A step is ``with te.fp8_autocast(...): y = module(x)`` then ``y.backward(grad)`` on a tiny
 input ([16, 64] by default), so the kernels take a few microseconds and the host's work
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import statistics
 import time
 
 import torch
@@ -119,6 +121,61 @@ def best_round_us(steps: dict, iters: int, rounds: int, device: str) -> dict:
     return best
 
 
+def split_backward(module, x, grad, recipe, steps: int) -> dict:
+    """Where the wall time of ``y.backward(grad)`` goes for a te.Linear step: until the
+    module's Python backward starts ("to enter": autograd's start, and on the GPU its hand-
+    off to the device thread), the backward's body, and after it returns (the leaves'
+    gradients, and the hand-back). Medians over ``steps`` steps, in us."""
+    from transformer_engine.pytorch.module import linear
+
+    function = linear._LinearFunction
+    original = function.__dict__["backward"]
+    stamps = {}
+
+    def timed(ctx, grad_out):
+        stamps["enter"] = time.perf_counter()
+        result = original.__func__(ctx, grad_out)
+        stamps["exit"] = time.perf_counter()
+        return result
+
+    function.backward = staticmethod(timed)
+    rows = []
+    try:
+        for _ in range(steps):
+            with te.fp8_autocast(enabled=recipe is not None, fp8_recipe=recipe):
+                y = module(x)
+            start = time.perf_counter()
+            y.backward(grad)
+            end = time.perf_counter()
+            rows.append((stamps["enter"] - start, stamps["exit"] - stamps["enter"], end - stamps["exit"], end - start))
+    finally:
+        function.backward = original
+    rows = rows[steps // 10:]  # past the warm-up
+    return {name: statistics.median(r[i] for r in rows) * 1e6
+            for i, name in enumerate(("to enter", "body", "after", "backward"))}
+
+
+def print_split(device: str, t: int, h: int, steps: int) -> None:
+    """te.Linear's backward split (split_backward) with autograd's device threads (the
+    default) and with the backward on the calling thread, each recipe."""
+    x = torch.randn(t, h, device=device, requires_grad=True)
+    grad = torch.randn(t, h, device=device)
+    module = te.Linear(h, h, device=device)
+    print(f"\nte.Linear backward, split (median us of {steps} steps, the first tenth left out):")
+    print("| recipe | autograd runs the backward on | to enter | body | after | backward |")
+    print("|---|---|---|---|---|---|")
+    default = torch.autograd.is_multithreading_enabled()
+    try:
+        for threaded in (True, False):
+            torch.autograd.set_multithreading_enabled(threaded)
+            for label, recipe in RECIPES.items():
+                split = split_backward(module, x, grad, recipe, steps)
+                where = "device thread" if threaded else "calling thread"
+                print(f"| {label} | {where} | " + " | ".join(f"{v:.1f}" for v in split.values()) + " |")
+    finally:
+        torch.autograd.set_multithreading_enabled(default)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cpu", "cuda"))
@@ -129,6 +186,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--modules", default="Linear,LayerNormLinear,LayerNormMLP")
+    parser.add_argument("--split", action="store_true",
+                        help="also split te.Linear's backward (to enter / body / after; real kernels)")
     args = parser.parse_args()
     device, t, h = args.device, args.tokens, args.hidden
     stub = device == "cpu" and args.core == "stub"
@@ -159,6 +218,8 @@ def main() -> None:
         row = [module_name, f"{times['ref']:.1f}"]
         row += [f"{times[label]:.1f} ({times[label] / times['ref']:.2f}x)" for label in RECIPES]
         print("| " + " | ".join(row) + " |")
+    if args.split:
+        print_split(device, t, h, steps=args.iters * 20)
 
 
 if __name__ == "__main__":

@@ -312,13 +312,16 @@ def cast_to_fp8(x: torch.Tensor, step: FP8Step, index: int, dev: CoreDevice, *, 
 
 
 def check_fp8_dims(x: torch.Tensor, name: str) -> None:
-    """Transformer Engine's rule for FP8 GEMM operands (Hopper's FP8 GEMM needs 16-byte
-    aligned leading dimensions): rows divisible by 8, columns by 16."""
+    """Transformer Engine's documented rule for FP8 GEMM operands: both dimensions
+    divisible by 16. (Its code checks rows by 8 only, but the weight-gradient GEMM reads
+    the transposed input, whose leading dimension is the row count, and cuBLASLt's FP8
+    GEMM needs those 16-byte aligned: 8 or 24 rows passed that check and failed in the
+    GEMM.) The same rule on the CPU, so a model that runs there runs on the GPU."""
     rows, cols = x.shape
-    if rows % 8 or cols % 16:
-        raise ValueError(f"FP8 execution needs {name} as a 2-D matrix with rows divisible by 8 and columns "
-                         f"divisible by 16, got [{rows}, {cols}] (pad the input or run this layer outside "
-                         "fp8_autocast)")
+    if rows % 16 or cols % 16:
+        raise ValueError(f"FP8 execution needs {name} as a 2-D matrix with both dimensions divisible by 16 "
+                         f"(rows: the product of the leading dimensions), got [{rows}, {cols}] (pad the input, "
+                         "e.g. the sequence length, or run this layer outside fp8_autocast)")
 
 
 def record_amax(x: torch.Tensor, step: FP8Step, forward: bool, index: int) -> None:
