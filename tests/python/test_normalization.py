@@ -580,10 +580,12 @@ def test_fwd_cuda_buckets_other_dtypes(norm, x_dtype, hidden, device, gen):
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_hard_rows(norm, x_dtype, hidden, device, gen):
-    """Rows with an outlier in column 0 or a large offset: the corrected two-pass
-    statistics keep y, mu and rsigma within a few times torch's fp32 error there (a
-    mean summed in fp32 alone was 1000x off it at an offset of 1000). On the CPU the
-    core is checked against torch's CPU kernel; hidden 20000 takes the fallback kernel."""
+    """Rows with an outlier in column 0 or a large offset: y, mu and rsigma stay within a
+    few times torch's fp32 error there (a mean summed in fp32 alone was 1000x off it at
+    an offset of 1000). The outlier rows take the register kernel's second reduction
+    (its pivot lies far from the mean), the offset rows next to them do not, in the same
+    warp for short rows. On the CPU the core is checked against torch's CPU kernel;
+    hidden 20000 takes the fallback kernel."""
     check_fwd_cuda(norm, 30, hidden, x_dtype, torch.float32, False, device, gen, hard_rows=True)
 
 

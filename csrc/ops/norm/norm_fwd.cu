@@ -3,22 +3,26 @@
 // A row group (norm_launch.h: a few lanes of a warp for short rows, one warp up to
 // hidden 1024, several warps above) reads its row once into registers as 16-byte
 // vectors, kept in the input dtype, then takes the mean and the variance from the
-// registers (two passes, as the CPU reference) and writes y. Sums are shuffles
-// inside a warp, plus one barrier of the group's warps alone for multi-warp rows.
+// registers (see "Statistics") and writes y. Sums are shuffles inside a warp, plus
+// one barrier of the group's warps alone for multi-warp rows.
 // gamma and beta are read from global memory where y is formed: every row a
 // thread visits uses the same columns, so after the first row they come from L1
 // (the row loads are marked evict-first to keep them there). One wave of blocks;
 // an FP8 output's amax costs one atomic a block.
 //
-// Statistics (LayerNorm of fp32 rows): the corrected two-pass algorithm. A mean
-// summed in fp32 is off by about |mean| * 1e-7 (1e-4 at a mean of 1000, where
-// torch's Welford mean is 1000x closer, and an fp32 y shows it); the second pass
-// sums the deviations from it with their squares (one reduction of a pair), and
-// their sum, of small numbers, moves mu onto the mean and takes its square off the
-// variance. 16-bit rows cannot hold a spread that small next to a mean that large
-// (their y's rounding is far coarser than the mean's error), and skip it: it made
-// their forward 1-6% slower on an H100. A Welford / Chan merge in every shuffle
-// step instead made the kernel 6-25% slower (both tried in the sixth session).
+// Statistics (LayerNorm): one reduction of a pair, the sums of d = x - pivot and
+// of d^2, where the pivot is the mean of the row's first 8 elements (a broadcast
+// load): mu = pivot + sum(d) / n, variance = sum(d^2) / n - (sum(d) / n)^2. The two
+// passes of the CPU reference (a mean, then the squares about it) took two
+// reductions a row, and rows of several warps wait at a barrier in each. The
+// shift keeps the sums small where the row's mean is far from zero: a mean summed
+// in fp32 is off by about |mean| * 1e-7 (1e-4 at a mean of 1000 with a spread of 1,
+// 1000x torch's Welford mean). Where the pivot lies more than a standard deviation
+// from the mean (an outlier among the first elements; about 0.5% of Gaussian rows)
+// the subtraction would cost the variance its low bits, and those rows sum the
+// squares about mu again in a second reduction. Tried instead (sixth session): a
+// Welford / Chan merge in every shuffle step (6-25% slower on an H100), and the two
+// passes with a correction of the mean by the deviations' sum (1-6% slower).
 //
 // What limits the speed is how many rows are in flight on an SM, which registers
 // and shared memory bound. Hence the row held in its dtype, no shared memory for
@@ -77,6 +81,25 @@ __device__ __forceinline__ void store_y(const NormFwdParams& p, int64_t r, int c
   }
 }
 
+// The mean of the row's first min(8, hidden) elements: the shift of LayerNorm's
+// sums (see "Statistics"). Every thread of the group reads the same bytes (one
+// broadcast load, from L1 or L2: the group's first thread is loading them too).
+template <class In, bool kVectorized>
+__device__ __forceinline__ float row_pivot(const In* row, int hidden) {
+  if constexpr (kVectorized) {  // hidden % 8 == 0 and the row 16-byte aligned
+    const Vec8<In> head = *reinterpret_cast<const Vec8<In>*>(row);
+    float v[kChunk];
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) v[i] = to_float(head.v[i]);
+    return chunk_sum(v) * (1.0f / kChunk);
+  } else {
+    const int n = hidden < kChunk ? hidden : kChunk;
+    float sum = 0.0f;
+    for (int i = 0; i < n; ++i) sum += to_float(row[i]);
+    return sum / float(n);
+  }
+}
+
 // kChunks: the shape's bucket (8-element chunks a thread holds). kVectorized: see
 // RowShare; it also requires gamma and beta 16-byte aligned, and the row-wise
 // output 16-byte (FP8: 8-byte) aligned. kOut: the output dtype of the vectorized
@@ -92,14 +115,12 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads, kVectorized && kIn != TE
   constexpr bool kMaybeFp8 = !kVectorized || kIsFp8<kOut>;
   const bool fp8 = kVectorized ? kIsFp8<kOut> : is_fp8_dtype(p.out_dtype);
   __shared__ float scratch[2 * kNormMaxBlockWarps];
-  // LayerNorm of fp32 rows: the mean corrected in the second pass (see "Statistics")
-  constexpr bool kCorrectMean = kLayerNorm && kIn == TE_DTYPE_FLOAT32;
-  __shared__ float2 pair_scratch[kCorrectMean ? 2 * kNormMaxBlockWarps : 1];
+  __shared__ float2 pair_scratch[kLayerNorm ? 2 * kNormMaxBlockWarps : 1];
   const RowGroup group(threads_per_row);
   const int hidden = int(p.hidden);  // <= kNormFwdMaxRegisterHidden
   const float gamma_shift = p.zero_centered_gamma ? 1.0f : 0.0f;
   RowReduction<float> reduction(scratch, group);
-  RowReduction<float2> pair_reduction(pair_scratch, group);  // kCorrectMean's second pass
+  RowReduction<float2> pair_reduction(pair_scratch, group);  // LayerNorm's statistics
   const float scale = fp8 ? *p.scale : 1.0f;
   float amax = 0.0f;
 
@@ -112,42 +133,60 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads, kVectorized && kIn != TE
     RowShare<In, kChunks, kVectorized> x;
     x.template load</*kEvictFirst=*/true>(static_cast<const In*>(p.input) + r * p.hidden, group, active ? hidden : 0);
 
-    float mu = 0.0f;  // RMSNorm: no centering
+    float mu = 0.0f, variance;  // RMSNorm: no centering, the mean square
     if constexpr (kLayerNorm) {
-      float sum = 0.0f;
+      // One reduction of the deviations from the pivot and their squares (see "Statistics").
+      const In* row = static_cast<const In*>(p.input) + r * p.hidden;
+      const float pivot = active ? row_pivot<In, kVectorized>(row, hidden) : 0.0f;
+      float sum_d = 0.0f, sum_sq = 0.0f;
 #pragma unroll
       for (int j = 0; j < kChunks; ++j) {
-        float v[kChunk];
+        const int col = group.column(j);
+        float dev[kChunk], sq[kChunk];
 #pragma unroll
-        for (int i = 0; i < kChunk; ++i) v[i] = x.at(j, i);
-        sum += chunk_sum(v);
+        for (int i = 0; i < kChunk; ++i) {
+          const float d = x.at(j, i) - pivot;
+          dev[i] = in_row<kVectorized>(col, i, hidden) ? d : 0.0f;
+          sq[i] = dev[i] * dev[i];
+        }
+        sum_d += chunk_sum(dev);
+        sum_sq += chunk_sum(sq);
       }
-      mu = reduction.sum(sum) / float(hidden);
-    }
-    // Second pass: the squared deviations from mu, and (kCorrectMean) the deviations
-    // themselves, which correct mu (see "Statistics" at the top).
-    float sum_d = 0.0f, sum_sq = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      const int col = group.column(j);
-      float dev[kChunk], sq[kChunk];
-#pragma unroll
-      for (int i = 0; i < kChunk; ++i) {
-        const float d = x.at(j, i) - mu;
-        dev[i] = in_row<kVectorized>(col, i, hidden) ? d : 0.0f;
-        sq[i] = in_row<kVectorized>(col, i, hidden) ? d * d : 0.0f;
-      }
-      if constexpr (kCorrectMean) sum_d += chunk_sum(dev);
-      sum_sq += chunk_sum(sq);
-    }
-    float variance;
-    if constexpr (kCorrectMean) {
       const float2 sums = pair_reduction.sum(make_float2(sum_d, sum_sq));
-      const float correction = sums.x / float(hidden);
-      mu += correction;
-      variance = sums.y / float(hidden) - correction * correction;
+      const float shift = sums.x / float(hidden);  // mean - pivot
+      mu = pivot + shift;
+      variance = sums.y / float(hidden) - shift * shift;
+      // A pivot more than a standard deviation off the mean (an outlier among the row's
+      // first elements) would cost the variance its low bits: such rows sum the squares
+      // about mu again. Warp-uniform, as the sum's full-warp shuffles need (rows of up to
+      // 512 elements share a warp); every thread of a multi-warp group agrees already.
+      const bool far = shift * shift > variance;
+      if (__any_sync(0xffffffffu, far)) {
+        float again = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kChunks; ++j) {
+          const int col = group.column(j);
+          float sq[kChunk];
+#pragma unroll
+          for (int i = 0; i < kChunk; ++i) {
+            const float d = x.at(j, i) - mu;
+            sq[i] = in_row<kVectorized>(col, i, hidden) ? d * d : 0.0f;
+          }
+          again += chunk_sum(sq);
+        }
+        again = reduction.sum(again) / float(hidden);
+        if (far) variance = again;
+      }
       if (variance < 0.0f) variance = 0.0f;  // rounding; a NaN row stays NaN (fmaxf would drop it)
     } else {
+      float sum_sq = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        float sq[kChunk];
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) sq[i] = x.at(j, i) * x.at(j, i);  // 0 past the row
+        sum_sq += chunk_sum(sq);
+      }
       variance = reduction.sum(sum_sq) / float(hidden);
     }
     const float rsigma = 1.0f / sqrtf(variance + p.eps);
