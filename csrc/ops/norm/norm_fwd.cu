@@ -11,8 +11,9 @@
 // an FP8 output's amax costs one atomic a block.
 //
 // Statistics (LayerNorm): one reduction of a pair, the sums of d = x - pivot and
-// of d^2, where the pivot is the mean of the row's first 8 elements (a broadcast
-// load): mu = pivot + sum(d) / n, variance = sum(d^2) / n - (sum(d) / n)^2. The two
+// of d^2, where the pivot is the mean of the row's first 8 elements (a shuffle from
+// the group's first lane, or a broadcast load for rows of several warps; past the
+// row's end the elements count as 0): mu = pivot + sum(d) / n, variance = sum(d^2) / n - (sum(d) / n)^2. The two
 // passes of the CPU reference (a mean, then the squares about it) took two
 // reductions a row, and rows of several warps wait at a barrier in each. The
 // shift keeps the sums small where the row's mean is far from zero: a mean summed
@@ -82,8 +83,9 @@ __device__ __forceinline__ void store_y(const NormFwdParams& p, int64_t r, int c
 }
 
 // The mean of the row's first min(8, hidden) elements: the shift of LayerNorm's
-// sums (see "Statistics"). Every thread of the group reads the same bytes (one
-// broadcast load, from L1 or L2: the group's first thread is loading them too).
+// sums (see "Statistics") for rows of several warps. Every thread of the group reads
+// the same bytes (one broadcast load, from L1 or L2: the group's first thread is
+// loading them too).
 template <class In, bool kVectorized>
 __device__ __forceinline__ float row_pivot(const In* row, int hidden) {
   if constexpr (kVectorized) {  // hidden % 8 == 0 and the row 16-byte aligned
@@ -136,8 +138,18 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads, kVectorized && kIn != TE
     float mu = 0.0f, variance;  // RMSNorm: no centering, the mean square
     if constexpr (kLayerNorm) {
       // One reduction of the deviations from the pivot and their squares (see "Statistics").
-      const In* row = static_cast<const In*>(p.input) + r * p.hidden;
-      const float pivot = active ? row_pivot<In, kVectorized>(row, hidden) : 0.0f;
+      float pivot;
+      if (group.threads <= 32) {
+        // The group's first thread holds the row's first chunk: a shuffle, not a load,
+        // for rows of one warp or less (whose critical path the load lengthened by 1-2%).
+        float head[kChunk];
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) head[i] = x.at(0, i);
+        pivot = __shfl_sync(0xffffffffu, chunk_sum(head) * (1.0f / kChunk), 0, group.threads);
+      } else {
+        const In* row = static_cast<const In*>(p.input) + r * p.hidden;
+        pivot = active ? row_pivot<In, kVectorized>(row, hidden) : 0.0f;
+      }
       float sum_d = 0.0f, sum_sq = 0.0f;
 #pragma unroll
       for (int j = 0; j < kChunks; ++j) {
