@@ -1,6 +1,7 @@
 """Timing shared by the benchmarks: CUDA events around each call, with every
-call queued before the host waits, so the GPU never idles between calls and the
-events time the kernels rather than the host's launch latency."""
+call queued behind a GPU sleep before the host waits, so the GPU never idles
+between calls and the events time the kernels rather than the host's launch
+latency."""
 
 from __future__ import annotations
 
@@ -9,9 +10,21 @@ import statistics
 import torch
 
 
+# GPU clock cycles of sleep queued per timed call: 200 us at 2 GHz, more than the
+# host takes to queue a call of the slowest wrapper.
+_SLEEP_CYCLES_PER_CALL = 400_000
+
+
 def event_times_us(fn, iters: int) -> list[float]:
-    """Times of `iters` calls of `fn`, in microseconds."""
+    """Times of `iters` calls of `fn`, in microseconds.
+
+    The calls are queued behind a GPU sleep long enough for the host to queue all of
+    them: without it, a kernel shorter than its call's host work (a Python wrapper
+    allocating its outputs takes tens of microseconds) left the GPU idle between
+    calls, and the events timed the host (the same norm kernel read 47 or 67 us on
+    an H200 from one run to the next)."""
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    torch.cuda._sleep(_SLEEP_CYCLES_PER_CALL * iters)
     for start, end in events:
         start.record()
         fn()

@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(kCtThreads) act_tile_kernel(TileParams p, int6
         for (int chunk = 0; chunk < int(sizeof(Vec8<In>)); chunk += 16) copy_async_16(dst + chunk, src + chunk);
       }
     }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    wait_all_async_copies();
   }
   float local_amax = 0.0f;
 #pragma unroll

@@ -51,6 +51,16 @@ __device__ __forceinline__ void accumulate_chunk(float* sums, int tile, const Ro
   }
 }
 
+// Whether the rows kernel stages its rows through shared memory: vectorized 16-bit
+// rows of the register bucket, in blocks of several rows (hidden <= 4096). Not fp32
+// (twice the bytes; at hidden 8192 the buffers, the weight tile and the sums would
+// not fit), nor the long rows, whose sums take the shared memory. Blocks of one row
+// (hidden 4097 to 8192) were slower staged: layernorm at 8192 x 8192 by 3% (H100)
+// and 6% (H200).
+bool bwd_rows_staged(const NormBwdParams& p, const NormRowShape& shape, bool vectorized) {
+  return vectorized && shape.chunks == kNormBwdChunks && dtype_size(p.in_dtype) == 2 && shape.rows_per_block > 1;
+}
+
 // A row group's share of one row's backward inputs: dz and x as loaded (RowShare),
 // and the row's statistics. mu and rsigma are 0 for a row past the last.
 template <class In, int kChunks, bool kVectorized>
@@ -60,10 +70,29 @@ struct RowInputs {
 
   __device__ __forceinline__ void load(const NormBwdParams& p, const In* dz_rows, const In* x_rows, int64_t r,
                                        const RowGroup& group, bool layernorm) {
-    const bool active = r < p.rows;
-    const int limit = active ? int(p.hidden) : 0;
+    const int limit = r < p.rows ? int(p.hidden) : 0;
     dz.load(dz_rows + r * p.hidden, group, limit);
     x.load(x_rows + r * p.hidden, group, limit);
+    load_statistics(p, r, layernorm);
+  }
+
+  // Staged loads (see RowShare::stage): a row's dz and x into one buffer of two
+  // stages (dz's, then x's), read back later with load_staged.
+  __device__ __forceinline__ static void stage(uint4* buffer, int stage_words, const NormBwdParams& p,
+                                               const In* dz_rows, const In* x_rows, int64_t r,
+                                               const RowGroup& group) {
+    const int limit = r < p.rows ? int(p.hidden) : 0;
+    RowShare<In, kChunks, kVectorized>::stage(buffer, dz_rows + r * p.hidden, p.dz, group, limit);
+    RowShare<In, kChunks, kVectorized>::stage(buffer + stage_words, x_rows + r * p.hidden, p.x, group, limit);
+  }
+
+  __device__ __forceinline__ void load_staged(const uint4* buffer, int stage_words) {
+    dz.load_staged(buffer);
+    x.load_staged(buffer + stage_words);
+  }
+
+  __device__ __forceinline__ void load_statistics(const NormBwdParams& p, int64_t r, bool layernorm) {
+    const bool active = r < p.rows;
     mu = layernorm && active ? p.mu[r] : 0.0f;
     rsigma = active ? p.rsigma[r] : 0.0f;
   }
@@ -86,8 +115,14 @@ struct RowInputs {
 // = sum dz (LayerNorm only) over the block's rows. Each thread adds them for its
 // columns over the rows it visits: in registers (kNormBwdChunks), or, for the long
 // rows of the kNormBwdLongChunks bucket (one row group a block), in shared memory.
-// Dynamic shared memory (bwd_smem_bytes): gamma's weight tile, then the sums.
-template <te_dtype kIn, int kChunks, bool kLayerNorm, bool kVectorized>
+// Dynamic shared memory (bwd_smem_bytes): the stage buffers of staged rows (below),
+// gamma's weight tile, then the sums.
+//
+// kStaged (bwd_rows_staged: vectorized 16-bit rows, blocks of several): the next row's dz and x
+// are copied into shared memory (cp.async) while the group works on this one, as
+// in the forward. Loading them into registers ahead instead (tried in the sixth
+// session) took registers the bucket has no room for, and was 9-17% slower.
+template <te_dtype kIn, int kChunks, bool kLayerNorm, bool kVectorized, bool kStaged>
 __global__ void __launch_bounds__(kNormMaxBlockThreads)
     norm_bwd_rows_kernel(NormBwdParams p, int threads_per_row, int rows_per_block, float* partials) {
   using In = typename CudaType<kIn>::type;
@@ -95,12 +130,17 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads)
   using RowSums = std::conditional_t<kLayerNorm, float2, float>;
   constexpr int kColumnSums = kLayerNorm ? 2 : 1;  // dgamma (and dbeta)
   constexpr bool kSharedSums = kChunks == kNormBwdLongChunks;
+  static_assert(!kStaged || (kVectorized && !kSharedSums), "staged rows: 16-byte vectors, sums in registers");
+  using Inputs = RowInputs<In, kChunks, kVectorized>;
   extern __shared__ float4 smem[];
   __shared__ RowSums scratch[2 * kNormMaxBlockWarps];
   const RowGroup group(threads_per_row);
   const int hidden = int(p.hidden);  // <= kNormBwdMaxRegisterHidden
   const int tile = weight_tile_floats(kChunks, threads_per_row);
-  float* gamma_tile = reinterpret_cast<float*>(smem);
+  // [2 buffers][dz, x][RowShare::kStageWords * blockDim.x] when kStaged
+  uint4* stages = reinterpret_cast<uint4*>(smem);
+  const int stage_words = RowShare<In, kChunks, kVectorized>::kStageWords * int(blockDim.x);
+  float* gamma_tile = reinterpret_cast<float*>(smem) + (kStaged ? 2 * 2 * 4 * stage_words : 0);
   // kSharedSums: [kColumnSums][tile] in tile order; else [rows_per_block][kColumnSums][hidden]
   float* sums = gamma_tile + tile;
   stage_weights<kChunks>(p.gamma, p.w_dtype, hidden, p.zero_centered_gamma ? 1.0f : 0.0f, threads_per_row,
@@ -118,9 +158,24 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads)
   const In* x_rows = static_cast<const In*>(p.x);    // [rows, hidden]
   const int64_t stride = int64_t(gridDim.x) * rows_per_block;
   int64_t r = int64_t(blockIdx.x) * rows_per_block + group.index;
-  for (int64_t first = int64_t(blockIdx.x) * rows_per_block; first < p.rows; first += stride, r += stride) {
-    RowInputs<In, kChunks, kVectorized> row;
-    row.load(p, dz_rows, x_rows, r, group, kLayerNorm);
+  if constexpr (kStaged) {
+    Inputs::stage(stages, stage_words, p, dz_rows, x_rows, r, group);
+    commit_async_copies();
+  }
+  int buffer = 0;
+  for (int64_t first = int64_t(blockIdx.x) * rows_per_block; first < p.rows;
+       first += stride, r += stride, buffer ^= 1) {
+    Inputs row;
+    if constexpr (kStaged) {
+      // the next step's copies first (zeros past the last row: no traffic), then this one's
+      Inputs::stage(stages + (buffer ^ 1) * 2 * stage_words, stage_words, p, dz_rows, x_rows, r + stride, group);
+      commit_async_copies();
+      row.load_statistics(p, r, kLayerNorm);
+      wait_async_copies<1>();
+      row.load_staged(stages + buffer * 2 * stage_words, stage_words);
+    } else {
+      row.load(p, dz_rows, x_rows, r, group, kLayerNorm);
+    }
 
     // The CPU reference's formulas, element by element. Past the row dz = 0 and
     // xhat = 0, so every sum skips the column (gamma's tile holds 0 there too); a
@@ -182,6 +237,8 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads)
       }
     }
   }
+
+  if constexpr (kStaged) wait_all_async_copies();  // the zero-filled copies past the last row
 
   float* out = partials + int64_t(blockIdx.x) * 2 * hidden;  // [2, hidden]; RMSNorm writes the first
   if constexpr (kSharedSums) {
@@ -254,12 +311,14 @@ __global__ void __launch_bounds__(kFinalizeColumns* kFinalizeLanes)
   }
 }
 
-size_t bwd_smem_bytes(const NormBwdParams& p, const NormRowShape& shape) {
+size_t bwd_smem_bytes(const NormBwdParams& p, const NormRowShape& shape, bool staged) {
   const size_t column_sums = p.type == NormType::kLayerNorm ? 2 : 1;
   const size_t tile = weight_tile_floats(shape.chunks, shape.threads_per_row);
   const size_t sums = shape.chunks == kNormBwdLongChunks ? column_sums * tile
                                                          : size_t(shape.rows_per_block) * column_sums * size_t(p.hidden);
-  return (tile + sums) * sizeof(float);
+  // two buffers of dz's and x's chunks (RowShare::stage): 16 bytes a chunk of a 16-bit row
+  const size_t stages = staged ? 2 * 2 * size_t(shape.chunks) * 16 * size_t(shape.block_threads()) : 0;
+  return stages + (tile + sums) * sizeof(float);
 }
 
 // Launches the rows kernel; returns how many partial rows it writes.
@@ -268,7 +327,8 @@ int64_t launch_rows_kernel(const NormBwdParams& p, const NormRowShape& shape, in
   const bool layernorm = p.type == NormType::kLayerNorm;
   const bool vectorized =
       p.hidden % kChunk == 0 && is_aligned(p.dz, 16) && is_aligned(p.x, 16) && is_aligned(p.dx, 16);
-  const size_t smem = bwd_smem_bytes(p, shape);
+  const bool staged = bwd_rows_staged(p, shape, vectorized);
+  const size_t smem = bwd_smem_bytes(p, shape, staged);
   int64_t grid = 0;
   auto launch = [&](auto kernel) {
     const void* fn = reinterpret_cast<const void*>(kernel);
@@ -282,16 +342,23 @@ int64_t launch_rows_kernel(const NormBwdParams& p, const NormRowShape& shape, in
     constexpr te_dtype kIn = decltype(in_tag)::value;
     constexpr bool kVec = decltype(vectorized_tag)::value;
     if (shape.chunks == kNormBwdChunks) {
-      if (layernorm) {
-        launch(norm_bwd_rows_kernel<kIn, kNormBwdChunks, true, kVec>);
+      constexpr bool kMayStage = kVec && kIn != TE_DTYPE_FLOAT32;
+      if (kMayStage && staged) {
+        if (layernorm) {
+          launch(norm_bwd_rows_kernel<kIn, kNormBwdChunks, true, kVec, kMayStage>);
+        } else {
+          launch(norm_bwd_rows_kernel<kIn, kNormBwdChunks, false, kVec, kMayStage>);
+        }
+      } else if (layernorm) {
+        launch(norm_bwd_rows_kernel<kIn, kNormBwdChunks, true, kVec, false>);
       } else {
-        launch(norm_bwd_rows_kernel<kIn, kNormBwdChunks, false, kVec>);
+        launch(norm_bwd_rows_kernel<kIn, kNormBwdChunks, false, kVec, false>);
       }
     } else {
       if (layernorm) {
-        launch(norm_bwd_rows_kernel<kIn, kNormBwdLongChunks, true, kVec>);
+        launch(norm_bwd_rows_kernel<kIn, kNormBwdLongChunks, true, kVec, false>);
       } else {
-        launch(norm_bwd_rows_kernel<kIn, kNormBwdLongChunks, false, kVec>);
+        launch(norm_bwd_rows_kernel<kIn, kNormBwdLongChunks, false, kVec, false>);
       }
     }
   };

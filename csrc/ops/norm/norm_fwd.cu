@@ -31,7 +31,12 @@
 // block an SM), and at most 64 registers (two 512-thread blocks an SM) for the
 // vectorized kernels. On an H100 this took the layernorm forward at hidden 16384
 // from 58% to 78% of copy bandwidth, and rmsnorm to 84-89% from hidden 4096 up
-// (benchmarks/RESULTS.md).
+// (benchmarks/RESULTS.md). Past that, an ncu profile on an H200 (seventh session)
+// found the layernorm forward bound by instruction issue (a warp instruction issued
+// in 71-76% of cycles, DRAM at 53%): the weights' dtype switch and zero_centered_gamma
+// now leave the chunk loop (see "y" below), bf16 converts in one instruction
+// (element_as_float), and padded chunks skip their sums; 21-29% fewer instructions,
+// 15-26% faster there.
 //
 // Rows that are not 16-byte vectors (hidden % 8 != 0, or a misaligned view) take
 // the same kernel element by element, with the output dtype read at run time: one
@@ -120,7 +125,6 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads, kVectorized && kIn != TE
   __shared__ float2 pair_scratch[kLayerNorm ? 2 * kNormMaxBlockWarps : 1];
   const RowGroup group(threads_per_row);
   const int hidden = int(p.hidden);  // <= kNormFwdMaxRegisterHidden
-  const float gamma_shift = p.zero_centered_gamma ? 1.0f : 0.0f;
   RowReduction<float> reduction(scratch, group);
   RowReduction<float2> pair_reduction(pair_scratch, group);  // LayerNorm's statistics
   const float scale = fp8 ? *p.scale : 1.0f;
@@ -158,11 +162,14 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads, kVectorized && kIn != TE
 #pragma unroll
         for (int i = 0; i < kChunk; ++i) {
           const float d = x.at(j, i) - pivot;
-          dev[i] = in_row<kVectorized>(col, i, hidden) ? d : 0.0f;
+          // vectorized: a chunk is all in the row or all past it, tested once below
+          dev[i] = kVectorized || in_row<kVectorized>(col, i, hidden) ? d : 0.0f;
           sq[i] = dev[i] * dev[i];
         }
-        sum_d += chunk_sum(dev);
-        sum_sq += chunk_sum(sq);
+        if (!kVectorized || col < hidden) {
+          sum_d += chunk_sum(dev);
+          sum_sq += chunk_sum(sq);
+        }
       }
       const float2 sums = pair_reduction.sum(make_float2(sum_d, sum_sq));
       const float shift = sums.x / float(hidden);  // mean - pivot
@@ -202,33 +209,54 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads, kVectorized && kIn != TE
       variance = reduction.sum(sum_sq) / float(hidden);
     }
     const float rsigma = 1.0f / sqrtf(variance + p.eps);
+    x.convert_again_later();
     if (!active) continue;  // the group's last shuffle or barrier of this row is behind
     if (group.thread == 0) {
       if constexpr (kLayerNorm) p.mu[r] = mu;
       p.rsigma[r] = rsigma;
     }
 
-    const void* gamma_row = opaque_per_row(p.gamma);
-    const void* beta_row = kLayerNorm ? opaque_per_row(p.beta) : nullptr;
+    // y. Vectorized rows take the weights' dtype and zero_centered_gamma as template
+    // arguments: one switch a row rather than one a chunk, and no "+ 0" where gamma
+    // is not shifted (the compiler must keep x + 0.0f: it turns -0 into +0). An ncu
+    // profile on an H200 had this kernel issuing instructions in 76% of its cycles.
+    // Element-wise rows read the weights' dtype at run time (their six typed copies
+    // spilled hundreds of bytes).
+    auto write_y = [&](const auto& weights) {
 #pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      const int col = group.column(j);
-      float y[kChunk], gamma[kChunk], beta[kChunk];
-      load_weight_chunk<kVectorized>(gamma_row, p.w_dtype, col, hidden, gamma_shift, gamma);
-      if constexpr (kLayerNorm) load_weight_chunk<kVectorized>(beta_row, p.w_dtype, col, hidden, 0.0f, beta);
+      for (int j = 0; j < kChunks; ++j) {
+        const int col = group.column(j);
+        if (kVectorized && col >= hidden) continue;  // a chunk past the row: nothing to write
+        float y[kChunk], gamma[kChunk], beta[kChunk];
+        weights.load_gamma(col, hidden, gamma);
+        if constexpr (kLayerNorm) weights.load_beta(col, hidden, beta);
 #pragma unroll
-      for (int i = 0; i < kChunk; ++i) {
-        y[i] = (x.at(j, i) - mu) * rsigma * gamma[i];  // the CPU reference's order: xhat, then * g
-        if constexpr (kLayerNorm) y[i] += beta[i];
-        if constexpr (kMaybeFp8) {
-          if (fp8) {
-            // past the row y is 0 (or NaN where rsigma is inf), which fmaxf ignores
-            amax = fmaxf(amax, fabsf(y[i]));
-            y[i] *= scale;
+        for (int i = 0; i < kChunk; ++i) {
+          y[i] = (x.at(j, i) - mu) * rsigma * gamma[i];  // the CPU reference's order: xhat, then * g
+          if constexpr (kLayerNorm) y[i] += beta[i];
+          if constexpr (kMaybeFp8) {
+            if (fp8) {
+              // past the row (element-wise kernels) y is 0, or NaN where rsigma is inf,
+              // which fmaxf ignores
+              amax = fmaxf(amax, fabsf(y[i]));
+              y[i] *= scale;
+            }
           }
         }
+        store_y<kVectorized, kOut>(p, r, col, hidden, fp8, y);
       }
-      store_y<kVectorized, kOut>(p, r, col, hidden, fp8, y);
+    };
+    if constexpr (kVectorized) {
+      with_weight_dtype(p.w_dtype, [&](auto weight_tag) {
+        using W = typename CudaType<decltype(weight_tag)::value>::type;
+        if (p.zero_centered_gamma) {
+          write_y(TypedWeights<W, true>(p.gamma, p.beta));
+        } else {
+          write_y(TypedWeights<W, false>(p.gamma, p.beta));
+        }
+      });
+    } else {
+      write_y(RuntimeWeights(p.gamma, p.beta, p.w_dtype, p.zero_centered_gamma));
     }
   }
 

@@ -8,8 +8,10 @@
 
 #include <type_traits>
 
+#include "common/cuda_async_copy.cuh"
 #include "common/cuda_elements.cuh"
 #include "common/cuda_reduce.cuh"
+#include "common/dtype.h"
 #include "ops/norm/norm_launch.h"
 
 namespace opente {
@@ -80,6 +82,20 @@ struct RowGroup {
   __device__ __forceinline__ int column(int j) const { return (j * threads + thread) * kChunk; }
 };
 
+// Element i of a chunk as fp32. A bf16 is the upper half of an fp32, so element i
+// is its 32-bit word shifted left (even i) or masked (odd i): one instruction,
+// where converting the element taken out of the word took two (PRMT, then SHF).
+// The norm kernels convert every element of x two or three times and of the
+// weights once a row, and an ncu profile had the forward bound by instruction issue.
+template <class T>
+__device__ __forceinline__ float element_as_float(const Vec8<T>& v, int i) {
+  return to_float(v.v[i]);
+}
+__device__ __forceinline__ float element_as_float(const Vec8<__nv_bfloat16>& v, int i) {
+  const uint32_t word = reinterpret_cast<const uint32_t*>(&v)[i / 2];
+  return __uint_as_float(i % 2 == 0 ? word << 16 : word & 0xffff0000u);
+}
+
 // Eight elements with a streaming load (ld.global.cs), which marks its lines first
 // to evict: the forward's rows pass through L1 once and so do not push out the
 // weights it reads again for every row. (The backward keeps plain loads: there
@@ -127,50 +143,62 @@ struct RowShare {
     }
   }
 
-  __device__ __forceinline__ float at(int j, int i) const { return to_float(raw[j].v[i]); }
+  __device__ __forceinline__ float at(int j, int i) const { return element_as_float(raw[j], i); }
+
+  // Hides the held words' values from the compiler (no instruction), so that it
+  // converts them again where they are next used rather than keep every converted
+  // fp32 value live until then (for the forward, across the row's reduction: with
+  // one-instruction bf16 conversions it did, and spilled).
+  __device__ __forceinline__ void convert_again_later() {
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+#pragma unroll
+      for (int w = 0; w < int(sizeof(Vec8<T>)) / 4; ++w) asm volatile("" : "+r"(reinterpret_cast<uint32_t*>(&raw[j])[w]));
+    }
+  }
+
+  // Staged loads (kVectorized only): stage() starts copying this thread's chunks of
+  // `row` into its slots of a shared-memory stage (cp.async: nothing is held in
+  // registers while they are in flight), load_staged() reads them back into `raw`
+  // once the copies are complete (wait_async_copies). Each thread reads only the
+  // slots it copied, so no barrier is needed. A stage holds kStageWords 16-byte
+  // words a thread: word w of thread t at stage[w * blockDim.x + t], so a warp's
+  // accesses are consecutive words (no bank conflicts). Columns at or past `limit`
+  // become zeros; `fallback` (any mapped address) stands in for their source.
+  static constexpr int kWordsPerChunk = int(sizeof(Vec8<T>)) / 16;
+  static constexpr int kStageWords = kChunks * kWordsPerChunk;
+
+  __device__ __forceinline__ static void stage(uint4* stage, const T* row, const void* fallback,
+                                               const RowGroup& group, int limit) {
+    static_assert(kVectorized, "staged loads take 16-byte vectors");
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int col = group.column(j);
+      const bool valid = col < limit;
+#pragma unroll
+      for (int w = 0; w < kWordsPerChunk; ++w) {
+        const void* src = valid ? static_cast<const void*>(reinterpret_cast<const uint4*>(row + col) + w) : fallback;
+        copy_async_16_or_zero(stage + (j * kWordsPerChunk + w) * int(blockDim.x) + int(threadIdx.x), src, valid);
+      }
+    }
+  }
+
+  __device__ __forceinline__ void load_staged(const uint4* stage) {
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+#pragma unroll
+      for (int w = 0; w < kWordsPerChunk; ++w) {
+        reinterpret_cast<uint4*>(&raw[j])[w] = stage[(j * kWordsPerChunk + w) * int(blockDim.x) + int(threadIdx.x)];
+      }
+    }
+  }
 };
 
-// Chunk [col, col + 8) of a weight vector (gamma or beta, of a runtime dtype) as
-// fp32 plus `shift`; 0 past `hidden`. kVectorized: hidden % 8 == 0 and the vector
-// 16-byte aligned (one or two 16-byte loads); else element by element. The same
-// chunks are read for every row a thread visits, so they come from L1; the
-// caller passes `w` through opaque_per_row() so that they are read there.
-template <bool kVectorized>
-__device__ __forceinline__ void load_weight_chunk(const void* w, te_dtype dtype, int col, int hidden, float shift,
-                                                  float (&v)[kChunk]) {
-  if constexpr (kVectorized) {
-    if (col >= hidden) {
-#pragma unroll
-      for (int i = 0; i < kChunk; ++i) v[i] = 0.0f;
-      return;
-    }
-    switch (dtype) {
-      case TE_DTYPE_BFLOAT16: {
-        Vec8<__nv_bfloat16> raw;
-        *reinterpret_cast<uint4*>(&raw) =
-            __ldg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(w) + col));
-#pragma unroll
-        for (int i = 0; i < kChunk; ++i) v[i] = to_float(raw.v[i]) + shift;
-        break;
-      }
-      case TE_DTYPE_FLOAT16: {
-        Vec8<__half> raw;
-        *reinterpret_cast<uint4*>(&raw) = __ldg(reinterpret_cast<const uint4*>(static_cast<const __half*>(w) + col));
-#pragma unroll
-        for (int i = 0; i < kChunk; ++i) v[i] = to_float(raw.v[i]) + shift;
-        break;
-      }
-      default: {
-        const float4* quads = reinterpret_cast<const float4*>(static_cast<const float*>(w) + col);
-        const float4 lo = __ldg(quads), hi = __ldg(quads + 1);
-        v[0] = lo.x + shift, v[1] = lo.y + shift, v[2] = lo.z + shift, v[3] = lo.w + shift;
-        v[4] = hi.x + shift, v[5] = hi.y + shift, v[6] = hi.z + shift, v[7] = hi.w + shift;
-      }
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kChunk; ++i) v[i] = col + i < hidden ? load_param(w, col + i, dtype) + shift : 0.0f;
-  }
+// Bytes of a block's stage buffers for RowShare<T, kChunks, true>::stage: `stages`
+// rows' worth of each thread's slots.
+template <class T, int kChunks>
+__host__ __device__ constexpr size_t row_stage_bytes(int stages, int block_threads) {
+  return size_t(stages) * size_t(kChunks) * sizeof(Vec8<T>) * size_t(block_threads);
 }
 
 // `ptr`, made opaque to the compiler once per row: loads through it cannot be
@@ -180,6 +208,77 @@ template <class T>
 __device__ __forceinline__ T* opaque_per_row(T* ptr) {
   asm volatile("" : "+l"(ptr));
   return ptr;
+}
+
+// The forward's weights, read a chunk at a time: load_gamma(col, hidden, v) puts
+// columns [col, col + 8) of gamma (plus 1 for zero_centered_gamma) as fp32 into v,
+// 0 past `hidden`; load_beta the same of beta. The same chunks are read for every
+// row a thread visits, so they come from L1; built once per row, the pointers are
+// made opaque there (opaque_per_row) so that they are read there.
+// TypedWeights: for the vectorized rows (hidden % 8 == 0, 16-byte aligned vectors,
+// a chunk in the row), W the weights' element type; one or two 16-byte loads.
+template <class W, bool kCentered>
+struct TypedWeights {
+  const W* gamma;
+  const W* beta;
+
+  __device__ __forceinline__ TypedWeights(const void* g, const void* b)
+      : gamma(opaque_per_row(static_cast<const W*>(g))), beta(opaque_per_row(static_cast<const W*>(b))) {}
+
+  __device__ __forceinline__ void load_gamma(int col, int /*hidden*/, float (&v)[kChunk]) const {
+    load(gamma, col, v);
+    if constexpr (kCentered) {
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) v[i] += 1.0f;
+    }
+  }
+  __device__ __forceinline__ void load_beta(int col, int /*hidden*/, float (&v)[kChunk]) const { load(beta, col, v); }
+
+ private:
+  __device__ __forceinline__ static void load(const W* w, int col, float (&v)[kChunk]) {
+    Vec8<W> raw;
+#pragma unroll
+    for (int k = 0; k < int(sizeof(raw)) / 16; ++k) {
+      reinterpret_cast<uint4*>(&raw)[k] = __ldg(reinterpret_cast<const uint4*>(w + col) + k);
+    }
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) v[i] = element_as_float(raw, i);
+  }
+};
+
+// RuntimeWeights: for the element-wise rows, the dtype read at run time, element by
+// element (typed copies of these kernels spilled hundreds of bytes).
+struct RuntimeWeights {
+  const void* gamma;
+  const void* beta;
+  te_dtype dtype;
+  float gamma_shift;
+
+  __device__ __forceinline__ RuntimeWeights(const void* g, const void* b, te_dtype d, bool zero_centered_gamma)
+      : gamma(opaque_per_row(g)), beta(opaque_per_row(b)), dtype(d), gamma_shift(zero_centered_gamma ? 1.0f : 0.0f) {}
+
+  __device__ __forceinline__ void load_gamma(int col, int hidden, float (&v)[kChunk]) const {
+    load(gamma, col, hidden, gamma_shift, v);
+  }
+  __device__ __forceinline__ void load_beta(int col, int hidden, float (&v)[kChunk]) const {
+    load(beta, col, hidden, 0.0f, v);
+  }
+
+ private:
+  __device__ __forceinline__ void load(const void* w, int col, int hidden, float shift, float (&v)[kChunk]) const {
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) v[i] = col + i < hidden ? load_param(w, col + i, dtype) + shift : 0.0f;
+  }
+};
+
+// Calls f(DTypeTag<d>{}) for the weights' dtype d (fp32, fp16 or bf16) on the device.
+template <class F>
+__device__ __forceinline__ void with_weight_dtype(te_dtype dtype, F&& f) {
+  switch (dtype) {
+    case TE_DTYPE_BFLOAT16: f(DTypeTag<TE_DTYPE_BFLOAT16>{}); break;
+    case TE_DTYPE_FLOAT16: f(DTypeTag<TE_DTYPE_FLOAT16>{}); break;
+    default: f(DTypeTag<TE_DTYPE_FLOAT32>{});
+  }
 }
 
 // Whether element i of the chunk at `col` lies in the row (for kVectorized the

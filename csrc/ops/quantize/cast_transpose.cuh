@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 
+#include "common/cuda_async_copy.cuh"
 #include "common/cuda_elements.cuh"
 #include "common/cuda_reduce.cuh"
 #include "ops/quantize/vector_cast.cuh"
@@ -44,13 +45,6 @@ __device__ __forceinline__ uint2 byte_block_column(const uint32_t (&lo)[8], cons
   return make_uint2(__byte_perm(p01, p23, 0x5410), __byte_perm(p45, p67, 0x5410));
 }
 
-// 16 bytes global -> shared without registers (cp.async, Ampere and later). PTX,
-// not __pipeline_memcpy_async: the compiler turned that back into plain loads.
-__device__ __forceinline__ void copy_async_16(void* smem_dst, const void* global_src) {
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global_src) : "memory");
-}
-
 // Dynamic shared memory of cast_transpose_kernel: eight input vectors per thread.
 template <class In>
 constexpr int cast_transpose_staging_bytes() {
@@ -88,7 +82,7 @@ __global__ void __launch_bounds__(kCtThreads)
 #pragma unroll
       for (int chunk = 0; chunk < int(sizeof(Vec8<In>)); chunk += 16) copy_async_16(dst + chunk, src + chunk);
     }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    wait_all_async_copies();
     Vec8<In> x[8];
 #pragma unroll
     for (int k = 0; k < 8; ++k) x[k] = staging[k * kCtThreads + threadIdx.x];
