@@ -118,10 +118,12 @@ struct RowInputs {
 // Dynamic shared memory (bwd_smem_bytes): the stage buffers of staged rows (below),
 // gamma's weight tile, then the sums.
 //
-// kStaged (bwd_rows_staged: vectorized 16-bit rows, blocks of several): the next row's dz and x
-// are copied into shared memory (cp.async) while the group works on this one, as
-// in the forward. Loading them into registers ahead instead (tried in the sixth
-// session) took registers the bucket has no room for, and was 9-17% slower.
+// kStaged (bwd_rows_staged: vectorized 16-bit rows, blocks of several): the next
+// row's dz and x are copied into shared memory (cp.async) while the group works on
+// this one (2-11% faster, H200). Loading them into registers ahead instead (tried in
+// the sixth session) took registers the bucket has no room for, and was 9-17% slower.
+// The forward does not stage: it is bound by instruction issue, and staged it was
+// 5-20% slower (H100, seventh session).
 template <te_dtype kIn, int kChunks, bool kLayerNorm, bool kVectorized, bool kStaged>
 __global__ void __launch_bounds__(kNormMaxBlockThreads)
     norm_bwd_rows_kernel(NormBwdParams p, int threads_per_row, int rows_per_block, float* partials) {
