@@ -194,12 +194,6 @@ struct RowShare {
   }
 };
 
-// Bytes of a block's stage buffers for RowShare<T, kChunks, true>::stage: `stages`
-// rows' worth of each thread's slots.
-template <class T, int kChunks>
-__host__ __device__ constexpr size_t row_stage_bytes(int stages, int block_threads) {
-  return size_t(stages) * size_t(kChunks) * sizeof(Vec8<T>) * size_t(block_threads);
-}
 
 // `ptr`, made opaque to the compiler once per row: loads through it cannot be
 // hoisted out of the row loop as invariant. Hoisted, every chunk's weights
