@@ -6,6 +6,10 @@ side by side in one run.
     python3 benchmarks/bench_host_overhead.py --device cpu     # no GPU needed
     python3 benchmarks/bench_host_overhead.py --split          # + where te.Linear's backward time goes
 
+On a GPU a second table times the same steps with the modules CUDA-graphed
+(te.make_graphed_callables, and torch.cuda.make_graphed_callables for the PyTorch layers),
+against the eager PyTorch step.
+
 A step is ``with te.fp8_autocast(...): y = module(x)`` then ``y.backward(grad)`` on a tiny
 input ([16, 64] by default), so the kernels take a few microseconds and the host's work
 (Python, checks, descriptors, allocations, launches) is what is measured. Every module
@@ -121,6 +125,31 @@ def best_round_us(steps: dict, iters: int, rounds: int, device: str) -> dict:
     return best
 
 
+def graphed_steps(make_ref, make_te, x, grad) -> dict:
+    """name -> step of the modules made CUDA graphs: PyTorch's layers by
+    torch.cuda.make_graphed_callables, ours by te.make_graphed_callables (per recipe)."""
+    steps = {"PyTorch graphed": training_step(torch.cuda.make_graphed_callables(make_ref(), (x,)), x, grad, None)}
+    for label, recipe in RECIPES.items():
+        graphed = te.make_graphed_callables(make_te(), (x,), fp8_enabled=recipe is not None, fp8_recipe=recipe)
+        steps[f"OpenTE {label} graphed"] = training_step(graphed, x, grad, recipe)
+    return steps
+
+
+def print_graphed(pairs: dict, names, x, grad, iters: int, rounds: int) -> None:
+    print("\nCUDA-graphed (make_graphed_callables), host us per forward + backward (ratio to the eager PyTorch step):")
+    labels = ["PyTorch graphed"] + [f"OpenTE {label} graphed" for label in RECIPES]
+    print("| module | PyTorch eager us | " + " | ".join(f"{label} us" for label in labels) + " |")
+    print("|" + "---|" * (len(labels) + 2))
+    for module_name in names:
+        make_ref, make_te = pairs[module_name]
+        steps = {"eager": training_step(make_ref(), x, grad, None)}
+        steps.update(graphed_steps(make_ref, make_te, x, grad))
+        times = best_round_us(steps, iters, rounds, "cuda")
+        row = [module_name, f"{times['eager']:.1f}"]
+        row += [f"{times[label]:.1f} ({times[label] / times['eager']:.2f}x)" for label in labels]
+        print("| " + " | ".join(row) + " |")
+
+
 def split_backward(module, x, grad, recipe, steps: int) -> dict:
     """Where the wall time of ``y.backward(grad)`` goes for a te.Linear step: until the
     module's Python backward starts ("to enter": autograd's start, and on the GPU its hand-
@@ -218,6 +247,8 @@ def main() -> None:
         row = [module_name, f"{times['ref']:.1f}"]
         row += [f"{times[label]:.1f} ({times[label] / times['ref']:.2f}x)" for label in RECIPES]
         print("| " + " | ".join(row) + " |")
+    if device == "cuda":
+        print_graphed(pairs, args.modules.split(","), x, grad, args.iters, args.rounds)
     if args.split:
         print_split(device, t, h, steps=args.iters * 20)
 

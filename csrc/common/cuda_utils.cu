@@ -40,10 +40,11 @@ int resident_blocks_per_sm(const void* kernel, int threads) {
 
 }  // namespace
 
-int64_t grid_stride_blocks(const void* kernel, int threads, int64_t work_items, int device) {
+int64_t grid_stride_blocks(const void* kernel, int threads, int64_t work_items, int device, int waves) {
   const int64_t wanted = (work_items + threads - 1) / threads;
+  if (waves == kUncappedWaves) return std::max<int64_t>(1, wanted);
   const int64_t resident = int64_t(resident_blocks_per_sm(kernel, threads)) * multiprocessor_count(device);
-  return std::max<int64_t>(1, std::min(wanted, resident));
+  return std::max<int64_t>(1, std::min(wanted, resident * waves));
 }
 
 }  // namespace opente

@@ -6,6 +6,7 @@ Modules: ``Linear``, ``LayerNorm``, ``RMSNorm``, ``LayerNormLinear``, ``LayerNor
 (``RotaryPositionEmbedding``, ``apply_rotary_pos_emb``). FP8 state: ``fp8_autocast``
 (and its newer name ``autocast``), ``fp8_model_init``. Activation recomputation:
 ``checkpoint``, with ``CudaRNGStatesTracker`` for the RNG states of model-parallel regions.
+CUDA graphs of modules' passes, FP8 included: ``make_graphed_callables``.
 The core ops are reachable through ``transformer_engine.pytorch.cpp_extensions``.
 """
 
@@ -27,6 +28,7 @@ from transformer_engine.pytorch.attention import (
 )
 from transformer_engine.pytorch.transformer import TransformerLayer
 from transformer_engine.pytorch.distributed import CudaRNGStatesTracker, checkpoint
+from transformer_engine.pytorch.graph import make_graphed_callables
 from transformer_engine.pytorch.tensor import (
     Float8CurrentScalingQuantizer,
     Float8Quantizer,
@@ -58,4 +60,5 @@ __all__ = [
     "fp8_autocast",
     "fp8_model_init",
     "is_fp8_available",
+    "make_graphed_callables",
 ]

@@ -156,6 +156,21 @@ class DelayedScalingState:
         self.recipe = recipe
         self.fp8_dtype = get_fp8_te_dtype(recipe, self.forward)
 
+    def snapshot(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Copies of (amax_history, scale, scale_inv), for restore()."""
+        return self.amax_history.clone(), self.scale.clone(), self.scale_inv.clone()
+
+    def restore(self, snapshot: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
+        """Back to a snapshot(), or to a fresh state's values (no history, scales 1) when
+        None; in place, as a CUDA graph holds the buffers' addresses."""
+        if snapshot is None:
+            self.amax_history.zero_()
+            self.scale.fill_(1.0)
+            self.scale_inv.fill_(1.0)
+            return
+        for buffer, saved in zip((self.amax_history, self.scale, self.scale_inv), snapshot):
+            buffer.copy_(saved)
+
     def core_group(self) -> tuple:
         """This state as a group of te_delayed_scaling_update: (history, scale, scale_inv
         addresses, history_len, num_scales); the buffers are contiguous float32."""
@@ -175,7 +190,11 @@ class DelayedScalingState:
             padded = torch.zeros(history.shape[0], self.num_tensors, dtype=torch.float32, device=history.device)
             padded[:, :saved] = history
             history = padded
-        self.amax_history = history.clone(memory_format=torch.contiguous_format)
+        if history.shape == self.amax_history.shape:
+            # In place: a CUDA graph (make_graphed_callables) holds the buffers' addresses.
+            self.amax_history.copy_(history)
+        else:
+            self.amax_history = history.clone(memory_format=torch.contiguous_format)
         self.scale[:saved].copy_(tensors["scale"])
         self.scale_inv[:saved].copy_(tensors["scale_inv"])
 
@@ -260,6 +279,7 @@ class FP8GlobalStateManager:
     HIGH_PRECISION_INIT_VAL = False
     IS_FIRST_FP8_MODULE = False
     FP8_GRAPH_CAPTURING = False
+    MAKING_GRAPHS = False  # make_graphed_callables is warming up or capturing: no scale updates
     FP8_AUTOCAST_DEPTH = 0
     AUTOCAST_ID = 0  # counts outermost autocast entries, so modules can tell steps apart
     _forward_states: Dict[int, DelayedScalingState] = {}
@@ -279,6 +299,7 @@ class FP8GlobalStateManager:
         cls.HIGH_PRECISION_INIT_VAL = False
         cls.IS_FIRST_FP8_MODULE = False
         cls.FP8_GRAPH_CAPTURING = False
+        cls.MAKING_GRAPHS = False
         cls.FP8_AUTOCAST_DEPTH = 0
         cls._forward_states = {}
         cls._backward_states = {}
@@ -368,8 +389,11 @@ class FP8GlobalStateManager:
     def fp8_autocast_exit(cls, enabled: bool, _graph: bool = False) -> None:
         cls.FP8_AUTOCAST_DEPTH -= 1
         # An autocast opened inside te.checkpoint's recomputation repeats one whose update
-        # was done at the end of the forward (and its modules registered nothing).
-        if cls.FP8_AUTOCAST_DEPTH == 0 and not (fp8_recompute.FRAMES and fp8_recompute.is_replaying()):
+        # was done at the end of the forward (and its modules registered nothing). One for
+        # a graph's capture (_graph) leaves its states to make_graphed_callables.
+        if _graph or cls.FP8_AUTOCAST_DEPTH != 0:
+            return
+        if not (fp8_recompute.FRAMES and fp8_recompute.is_replaying()):
             cls.reduce_and_update_fp8_tensors(forward=True)
 
     # ---- delayed scaling ----
@@ -384,6 +408,14 @@ class FP8GlobalStateManager:
     def add_backward_state(cls, state: DelayedScalingState) -> None:
         """Registers a backward state for the update at the end of the backward pass."""
         cls._backward_states[id(state)] = state
+
+    @classmethod
+    def take_registered_states(cls) -> Tuple[List[DelayedScalingState], List[DelayedScalingState]]:
+        """Removes and returns the (forward, backward) states waiting for their update:
+        make_graphed_callables collects those a callable's modules register."""
+        states = list(cls._forward_states.values()), list(cls._backward_states.values())
+        cls._forward_states, cls._backward_states = {}, {}
+        return states
 
     @classmethod
     def reduce_and_update_fp8_tensors(cls, forward: bool = True, recipe: Optional[DelayedScaling] = None,

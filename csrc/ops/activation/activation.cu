@@ -178,11 +178,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
 }
 
 template <class Kernel, class Params>
-void launch_flat(Kernel kernel, const Params& p, bool vectorized, int unroll, int device, cudaStream_t stream,
-                 const char* name) {
+void launch_flat(Kernel kernel, const Params& p, bool vectorized, bool reduces, int unroll, int device,
+                 cudaStream_t stream, const char* name) {
   const int64_t n = p.rows * p.hidden;
   const int64_t work = vectorized ? n / 8 / unroll + 1 : n;
-  const int64_t grid = grid_stride_blocks(reinterpret_cast<const void*>(kernel), kThreads, work, device);
+  // Only an FP8 forward reduces (its amax) at the end of each block.
+  const int64_t grid = grid_stride_blocks(reinterpret_cast<const void*>(kernel), kThreads, work, device,
+                                          reduces ? kReducingKernelWaves : kUncappedWaves);
   const FastDivmod by_h(std::max<int64_t>(p.hidden, 1), n);
   kernel<<<grid, kThreads, 0, stream>>>(p, vectorized, by_h);
   check_launch(name);
@@ -224,7 +226,7 @@ void activation_fwd_cuda(const ActivationFwdParams& p, int device, void* stream)
     dispatch_base_activation(base_activation(p.kind), [&](auto act_tag) {
       constexpr te_activation kB = decltype(act_tag)::value;
       const auto kernel = gated ? act_fwd_kernel<In, true, kB> : act_fwd_kernel<In, false, kB>;
-      launch_flat(kernel, p, vectorized, vectors_in_flight<In>(gated ? 2 : 1), device, s, "act_fwd_kernel");
+      launch_flat(kernel, p, vectorized, fp8, vectors_in_flight<In>(gated ? 2 : 1), device, s, "act_fwd_kernel");
     });
   });
 }
@@ -240,7 +242,7 @@ void activation_bwd_cuda(const ActivationBwdParams& p, int device, void* stream)
     dispatch_base_activation(base_activation(p.kind), [&](auto act_tag) {
       constexpr te_activation kB = decltype(act_tag)::value;
       const auto kernel = gated ? act_bwd_kernel<T, true, kB> : act_bwd_kernel<T, false, kB>;
-      launch_flat(kernel, p, vectorized, vectors_in_flight<T>(gated ? 3 : 2), device, as_stream(stream),
+      launch_flat(kernel, p, vectorized, false, vectors_in_flight<T>(gated ? 3 : 2), device, as_stream(stream),
                   "act_bwd_kernel");
     });
   });

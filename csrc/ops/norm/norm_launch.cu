@@ -1,4 +1,4 @@
-// One-wave grids of the norm kernels (norm_launch.h), from their occupancy.
+// Grids of the norm kernels in waves of their occupancy (norm_launch.h).
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -10,7 +10,7 @@
 namespace opente {
 
 int64_t norm_resident_grid(const void* kernel, const NormRowShape& shape, size_t dynamic_smem, int64_t rows,
-                           int device) {
+                           int device, int waves) {
   // Host-side queries, but not free: once per device, kernel and block shape. A
   // kernel's dynamic shared memory limit only grows, so every earlier shape still fits.
   static std::mutex mutex;
@@ -40,8 +40,9 @@ int64_t norm_resident_grid(const void* kernel, const NormRowShape& shape, size_t
     }
   }
   const int64_t wanted = (rows + shape.rows_per_block - 1) / shape.rows_per_block;
+  if (waves == kUncappedWaves) return std::max<int64_t>(1, wanted);
   const int64_t resident = int64_t(per_sm) * multiprocessor_count(device);
-  return std::max<int64_t>(1, std::min(wanted, resident));
+  return std::max<int64_t>(1, std::min(wanted, resident * waves));
 }
 
 }  // namespace opente

@@ -47,12 +47,13 @@ constexpr int kNormBwdLongChunks = 4;
 constexpr int64_t kNormFwdMaxRegisterHidden = int64_t(kNormMaxBlockThreads) * kNormFwdChunks * 8;
 constexpr int64_t kNormBwdMaxRegisterHidden = int64_t(kNormMaxBlockThreads) * kNormBwdLongChunks * 8;
 
-// Blocks for a register kernel striding over `rows` rows: one wave (the kernel's
-// occupancy at this block size and dynamic shared memory, times the SM count), no
-// more blocks than row groups need, at least 1. Also raises the kernel's dynamic
-// shared memory limit on `device` (the current device) when `dynamic_smem` needs it.
+// Blocks for a register kernel striding over `rows` rows: `waves` waves (the
+// kernel's occupancy at this block size and dynamic shared memory, times the SM
+// count; 0: uncapped, see grid_stride_blocks), no more blocks than row groups need,
+// at least 1. Also raises the kernel's dynamic shared memory limit on `device` (the
+// current device) when `dynamic_smem` needs it.
 int64_t norm_resident_grid(const void* kernel, const NormRowShape& shape, size_t dynamic_smem, int64_t rows,
-                           int device);
+                           int device, int waves = 1);
 
 // Fallback kernels for rows too long for registers.
 void norm_fwd_fallback_cuda(const NormFwdParams& p, int device, void* stream);

@@ -41,7 +41,7 @@ void launch(const DequantizeParams& p, int device, cudaStream_t stream) {
   const bool vectorized = is_aligned(in, 8) && is_aligned(out, 16);
   const auto kernel = vectorized ? dequantize_kernel<In, Out, true> : dequantize_kernel<In, Out, false>;
   const int64_t work = vectorized ? p.numel / 8 / kUnroll + 1 : p.numel;
-  const int64_t grid = grid_stride_blocks((const void*)kernel, kThreads, work, device);
+  const int64_t grid = grid_stride_blocks((const void*)kernel, kThreads, work, device, kUncappedWaves);
   kernel<<<grid, kThreads, 0, stream>>>(in, out, p.scale_inv, p.numel);
   check_launch("dequantize_kernel");
 }

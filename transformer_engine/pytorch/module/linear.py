@@ -291,11 +291,12 @@ def _dgrad_to_fp8(step: FP8Step, saved_w: Float8TensorBase, dy_fp8: Float8Tensor
 
 def finish_backward(step: FP8Step) -> None:
     """End of a module's backward: its backward state waits for the update, which the
-    first FP8 module of the autocast (whose backward runs last) triggers."""
+    first FP8 module of the autocast (whose backward runs last) triggers; not while
+    make_graphed_callables captures (the graphed backward updates when replayed)."""
     if step.bwd_state is None:
         return
     FP8GlobalStateManager.add_backward_state(step.bwd_state)
-    if step.first_module:
+    if step.first_module and not FP8GlobalStateManager.MAKING_GRAPHS:
         FP8GlobalStateManager.reduce_and_update_fp8_tensors(forward=False, recipe=step.recipe)
 
 
