@@ -19,21 +19,27 @@ inline void cuda_check(cudaError_t err, const char* what) {
 // Checks the launch that just happened (bad configuration, no device, ...).
 inline void check_launch(const char* kernel) { cuda_check(cudaGetLastError(), kernel); }
 
-// Makes `device` current for the scope of an op, restoring the caller's device.
+// Makes `device` current for the scope of an op, restoring the caller's device. Calls
+// cudaSetDevice only when the device changes: every op takes a guard, and the caller's
+// device is almost always the op's already.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device) {
     cuda_check(cudaGetDevice(&previous_), "cudaGetDevice (is a CUDA GPU present?)");
-    if (previous_ != device) cuda_check(cudaSetDevice(device), "cudaSetDevice");
+    if (previous_ != device) {
+      cuda_check(cudaSetDevice(device), "cudaSetDevice");
+      changed_ = true;
+    }
   }
   ~DeviceGuard() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
+    if (changed_) cudaSetDevice(previous_);
   }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
   int previous_ = -1;
+  bool changed_ = false;
 };
 
 // Streaming multiprocessors of `device`, queried once per device.

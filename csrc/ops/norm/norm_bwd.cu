@@ -2,18 +2,19 @@
 //
 // 1. Rows: row groups as in the forward (norm_launch.h). A group loads its row of
 //    dz and x once into registers, in their dtype, takes the row's two sums (one
-//    shuffle reduction of a pair) and writes dx (rows past 8192 recompute x hat
-//    and dz * gamma for it rather than hold them across the reduction). Each
-//    thread also adds dz * xhat and dz for its columns over all the rows it
-//    visits, in fp32 registers (rows past 8192: in its own slots of shared
-//    memory); at the end the block adds its groups' sums
-//    in shared memory (a fixed pairwise order) and writes one [2, hidden] row of
-//    partial sums to the workspace. So dz and x are read exactly once.
+//    shuffle reduction of a pair) and writes dx. Each thread also adds dz * xhat
+//    and dz for its columns over all the rows it visits: in fp32 registers, or, for
+//    a row group alone in its block (bwd_sums_shared), in its own slots of shared
+//    memory, with x hat and dz * gamma recomputed for dx rather than held across the
+//    reduction. At the end the block adds its groups' sums in shared memory (a
+//    fixed pairwise order) and writes one [2, hidden] row of partial sums to the
+//    workspace. So dz and x are read exactly once.
 // 2. Finalize: threads along hidden add the blocks' partial rows (coalesced) and
 //    write dgamma and dbeta in the weights' dtype.
-// The backward runs one wave of at most kNormMaxRowBlocks blocks, so its partial
-// sums fit te_norm_workspace_size's [min(rows, 256), 2, hidden] floats. The sums'
-// order depends on the grid (the GPU's SM count), and is the same from run to run.
+// The backward runs one wave (one or two blocks an SM) of at most kNormMaxRowBlocks
+// blocks, so its partial sums fit te_norm_workspace_size's [min(rows, 256), 2, hidden]
+// floats. The sums' order depends on the grid (the GPU's SM count), and is the same
+// from run to run.
 // Rows too long for registers go to norm_fallback.cu, whose partials the same
 // finalize kernel sums.
 #include <algorithm>
@@ -51,14 +52,29 @@ __device__ __forceinline__ void accumulate_chunk(float* sums, int tile, const Ro
   }
 }
 
+// Where a thread adds up its columns' dgamma / dbeta: in shared memory for the long
+// rows (32 elements a thread) and for 16-bit rows alone in their block (hidden 4097
+// to 8192), in registers otherwise (a block's groups then fold their sums through
+// shared memory at the end; fp32 rows keep them there too). With the sums out of the
+// registers, and x hat and dz * gamma recomputed for dx rather than held, a block of
+// the 16-element bucket (hidden 4097 to 8192) fits in 64 registers a thread and two
+// blocks share an SM: 32 warps instead of 16 to overlap one row's loads with another's
+// reduction (ncu, layernorm at 8192 x 8192 on an H100: DRAM at 69% of peak with one
+// block, a warp eligible in 46% of cycles). Layernorm there went from 74.6% to 79.3%
+// of copy bandwidth, RMSNorm from 77.8% to 83.1% (H100). For blocks of several rows
+// it lost (RMSNorm at 16384 x 4096: 90.4% -> 82.5%, 32768 x 1024: 84.4% -> 78.7%).
+bool bwd_sums_shared(const NormBwdParams& p, const NormRowShape& shape) {
+  return shape.chunks == kNormBwdLongChunks || (shape.rows_per_block == 1 && dtype_size(p.in_dtype) == 2);
+}
+
 // Whether the rows kernel stages its rows through shared memory: vectorized 16-bit
 // rows of the register bucket, in blocks of several rows (hidden <= 4096). Not fp32
 // (twice the bytes; at hidden 8192 the buffers, the weight tile and the sums would
-// not fit), nor the long rows, whose sums take the shared memory. Blocks of one row
-// (hidden 4097 to 8192) were slower staged: layernorm at 8192 x 8192 by 3% (H100)
-// and 6% (H200).
+// not fit), nor the rows alone in their block, whose sums take the shared memory
+// (staged, layernorm at 8192 x 8192 was 3% (H100) to 6% (H200) slower, when those
+// still held their sums in registers).
 bool bwd_rows_staged(const NormBwdParams& p, const NormRowShape& shape, bool vectorized) {
-  return vectorized && shape.chunks == kNormBwdChunks && dtype_size(p.in_dtype) == 2 && shape.rows_per_block > 1;
+  return vectorized && shape.chunks == kNormBwdChunks && dtype_size(p.in_dtype) == 2 && !bwd_sums_shared(p, shape);
 }
 
 // A row group's share of one row's backward inputs: dz and x as loaded (RowShare),
@@ -124,14 +140,19 @@ struct RowInputs {
 // the sixth session) took registers the bucket has no room for, and was 9-17% slower.
 // The forward does not stage: it is bound by instruction issue, and staged it was
 // 5-20% slower (H100, seventh session).
-template <te_dtype kIn, int kChunks, bool kLayerNorm, bool kVectorized, bool kStaged>
-__global__ void __launch_bounds__(kNormMaxBlockThreads)
+//
+// kSharedSums (bwd_sums_shared: one row group a block): the column sums in shared
+// memory and x hat, dz * gamma recomputed for dx; in the 16-element bucket (16-bit
+// rows) with room for two blocks an SM (at most 64 registers a thread) where the
+// rows are vectorized (element by element, 64 registers spilled 84-176 bytes).
+template <te_dtype kIn, int kChunks, bool kLayerNorm, bool kVectorized, bool kStaged, bool kSharedSums>
+__global__ void __launch_bounds__(kNormMaxBlockThreads, kSharedSums && kChunks == kNormBwdChunks && kVectorized ? 2 : 1)
     norm_bwd_rows_kernel(NormBwdParams p, int threads_per_row, int rows_per_block, float* partials) {
   using In = typename CudaType<kIn>::type;
   // LayerNorm reduces (sum dyg, sum dyg * xhat) at once; RMSNorm only the second.
   using RowSums = std::conditional_t<kLayerNorm, float2, float>;
   constexpr int kColumnSums = kLayerNorm ? 2 : 1;  // dgamma (and dbeta)
-  constexpr bool kSharedSums = kChunks == kNormBwdLongChunks;
+  static_assert(kSharedSums || kChunks == kNormBwdChunks, "the long rows' sums do not fit in registers");
   static_assert(!kStaged || (kVectorized && !kSharedSums), "staged rows: 16-byte vectors, sums in registers");
   using Inputs = RowInputs<In, kChunks, kVectorized>;
   extern __shared__ float4 smem[];
@@ -183,9 +204,9 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads)
     // xhat = 0, so every sum skips the column (gamma's tile holds 0 there too); a
     // group past the last row has dz = 0 and rsigma = 0 throughout.
     float sum_dyg = 0.0f, sum_dyg_xhat = 0.0f;
-    // x hat and dz * gamma, held for dx when kHold (the registers' bucket: faster
-    // than recomputing them), recomputed there otherwise (the long rows, whose
-    // registers went to spills when they were held)
+    // x hat and dz * gamma, held for dx when kHold (sums in registers: faster than
+    // recomputing them), recomputed there otherwise (the long rows' registers went to
+    // spills when they were held; the 16-element rows alone in a block keep to 64)
     constexpr bool kHold = !kSharedSums;
     float held_xhat[kHold ? kChunks : 1][kChunk], held_dyg[kHold ? kChunks : 1][kChunk];
 #pragma unroll
@@ -316,7 +337,7 @@ __global__ void __launch_bounds__(kFinalizeColumns* kFinalizeLanes)
 size_t bwd_smem_bytes(const NormBwdParams& p, const NormRowShape& shape, bool staged) {
   const size_t column_sums = p.type == NormType::kLayerNorm ? 2 : 1;
   const size_t tile = weight_tile_floats(shape.chunks, shape.threads_per_row);
-  const size_t sums = shape.chunks == kNormBwdLongChunks ? column_sums * tile
+  const size_t sums = bwd_sums_shared(p, shape) ? column_sums * tile
                                                          : size_t(shape.rows_per_block) * column_sums * size_t(p.hidden);
   // two buffers of dz's and x's chunks (RowShare::stage): 16 bytes a chunk of a 16-bit row
   const size_t stages = staged ? 2 * 2 * size_t(shape.chunks) * 16 * size_t(shape.block_threads()) : 0;
@@ -343,25 +364,35 @@ int64_t launch_rows_kernel(const NormBwdParams& p, const NormRowShape& shape, in
   auto launch_bucket = [&](auto in_tag, auto vectorized_tag) {
     constexpr te_dtype kIn = decltype(in_tag)::value;
     constexpr bool kVec = decltype(vectorized_tag)::value;
-    if (shape.chunks == kNormBwdChunks) {
+    if (shape.chunks == kNormBwdChunks && !bwd_sums_shared(p, shape)) {
       constexpr bool kMayStage = kVec && kIn != TE_DTYPE_FLOAT32;
       if (kMayStage && staged) {
         if (layernorm) {
-          launch(norm_bwd_rows_kernel<kIn, kNormBwdChunks, true, kVec, kMayStage>);
+          launch(norm_bwd_rows_kernel<kIn, kNormBwdChunks, true, kVec, kMayStage, false>);
         } else {
-          launch(norm_bwd_rows_kernel<kIn, kNormBwdChunks, false, kVec, kMayStage>);
+          launch(norm_bwd_rows_kernel<kIn, kNormBwdChunks, false, kVec, kMayStage, false>);
         }
       } else if (layernorm) {
-        launch(norm_bwd_rows_kernel<kIn, kNormBwdChunks, true, kVec, false>);
+        launch(norm_bwd_rows_kernel<kIn, kNormBwdChunks, true, kVec, false, false>);
       } else {
-        launch(norm_bwd_rows_kernel<kIn, kNormBwdChunks, false, kVec, false>);
+        launch(norm_bwd_rows_kernel<kIn, kNormBwdChunks, false, kVec, false, false>);
       }
+    } else if constexpr (kIn != TE_DTYPE_FLOAT32) {
+      if (shape.chunks == kNormBwdLongChunks) {
+        if (layernorm) {
+          launch(norm_bwd_rows_kernel<kIn, kNormBwdLongChunks, true, kVec, false, true>);
+        } else {
+          launch(norm_bwd_rows_kernel<kIn, kNormBwdLongChunks, false, kVec, false, true>);
+        }
+      } else if (layernorm) {
+        launch(norm_bwd_rows_kernel<kIn, kNormBwdChunks, true, kVec, false, true>);
+      } else {
+        launch(norm_bwd_rows_kernel<kIn, kNormBwdChunks, false, kVec, false, true>);
+      }
+    } else if (layernorm) {  // fp32: the long rows only (bwd_sums_shared)
+      launch(norm_bwd_rows_kernel<kIn, kNormBwdLongChunks, true, kVec, false, true>);
     } else {
-      if (layernorm) {
-        launch(norm_bwd_rows_kernel<kIn, kNormBwdLongChunks, true, kVec, false>);
-      } else {
-        launch(norm_bwd_rows_kernel<kIn, kNormBwdLongChunks, false, kVec, false>);
-      }
+      launch(norm_bwd_rows_kernel<kIn, kNormBwdLongChunks, false, kVec, false, true>);
     }
   };
   dispatch_float_dtype(p.in_dtype, [&](auto in_tag) {
