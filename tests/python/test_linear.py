@@ -205,6 +205,73 @@ def test_parameters_split_names_and_values(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_parameters_split_parts_share_one_buffer_and_train_as_one_weight(device):
+    """The parts are consecutive rows of one buffer, which the forward reads as a view
+    (no concatenated copy per step); their gradients are the matching rows of a whole
+    weight's, also once .to() has given each part a buffer of its own (then joined by a
+    concatenation)."""
+    torch.manual_seed(8)
+    m = te.Linear(32, 48, parameters_split=("query_", "key_", "value_"), device=device)
+    parts = [m.query_weight, m.key_weight, m.value_weight]
+    row_bytes = 32 * parts[0].element_size()
+    assert [p.data_ptr() - parts[0].data_ptr() for p in parts] == [0, 16 * row_bytes, 32 * row_bytes]
+    assert m.full_weight().data_ptr() == parts[0].data_ptr(), "the joined weight is a view, not a copy"
+    full = te.Linear(32, 48, device=device)
+    with torch.no_grad():
+        full.weight.copy_(torch.cat(parts))
+        full.bias.copy_(torch.cat([m.query_bias, m.key_bias, m.value_bias]))
+    x = torch.randn(8, 32, device=device)
+    g = torch.randn(8, 48, device=device)
+    for module in (m, m.to(torch.float64).to(torch.float32)):  # the second: parts in buffers of their own
+        module.zero_grad()
+        full.zero_grad()
+        module(x).backward(g)
+        full(x).backward(g)
+        got = torch.cat([module.query_weight.grad, module.key_weight.grad, module.value_weight.grad])
+        torch.testing.assert_close(got, full.weight.grad)
+        torch.testing.assert_close(torch.cat([module.query_bias.grad, module.key_bias.grad, module.value_bias.grad]),
+                                   full.bias.grad)
+    assert m.full_weight().data_ptr() != m.query_weight.data_ptr(), "after .to(): a concatenated copy"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("adjacent", [True, False], ids=["one_grad_buffer", "grad_buffer_per_part"])
+def test_fuse_wgrad_accumulation_with_split_weight(device, fp8, adjacent):
+    """Each part's main_grad takes its rows of the weight gradient, whether the main_grads
+    are rows of one buffer (accumulated in place) or separate tensors."""
+    torch.manual_seed(9)
+    m = te.Linear(64, 48, parameters_split=("query_", "key_", "value_"), fuse_wgrad_accumulation=True,
+                  device=device)
+    plain = te.Linear(64, 48, parameters_split=("query_", "key_", "value_"), device=device)
+    plain.load_state_dict(m.state_dict())
+    parts = [m.query_weight, m.key_weight, m.value_weight]
+    if adjacent:
+        grads = torch.ones(48, 64, device=device)
+        for i, p in enumerate(parts):
+            p.main_grad = grads[16 * i:16 * (i + 1)]
+    else:
+        for p in parts:
+            p.main_grad = torch.ones(p.shape, device=device)
+    for step in range(2):
+        x = torch.randn(16, 64, device=device)
+        with te.fp8_autocast(enabled=fp8):
+            m(x).sum().backward()
+        with te.fp8_autocast(enabled=fp8):
+            plain(x).sum().backward()
+    for name, p in zip(("query_weight", "key_weight", "value_weight"), parts):
+        assert p.grad is None and p.grad_added_to_main_grad
+        torch.testing.assert_close(p.main_grad, getattr(plain, name).grad + 1, rtol=1e-5, atol=1e-5)
+
+
+def test_fuse_wgrad_accumulation_names_the_split_part_without_main_grad():
+    m = te.Linear(16, 32, parameters_split=("a", "b"), fuse_wgrad_accumulation=True, device="cpu")
+    m.a_weight.main_grad = torch.zeros(16, 16)
+    with pytest.raises(RuntimeError, match="weight part 1 \\(parameters_split\\).main_grad"):
+        m(torch.randn(8, 16)).sum().backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_return_bias(device):
     m = te.Linear(16, 16, return_bias=True, device=device)
     with torch.no_grad():

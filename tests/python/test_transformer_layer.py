@@ -195,14 +195,16 @@ def test_fused_qkv_params_match_split(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_fuse_wgrad_accumulation(device):
-    layer = make_layer(device, seed=13, fuse_qkv_params=True, fuse_wgrad_accumulation=True)
-    plain = make_layer(device, fuse_qkv_params=True)
+@pytest.mark.parametrize("fuse_qkv_params", [True, False], ids=["qkv_fused", "qkv_split"])
+def test_fuse_wgrad_accumulation(device, fuse_qkv_params):
+    layer = make_layer(device, seed=13, fuse_qkv_params=fuse_qkv_params, fuse_wgrad_accumulation=True)
+    plain = make_layer(device, fuse_qkv_params=fuse_qkv_params)
     plain.load_state_dict(layer.state_dict())
     weights = {n: p for n, p in layer.named_parameters()
                if n.endswith("weight") and not n.endswith("layer_norm_weight")}
-    assert set(weights) == {"self_attention.layernorm_qkv.weight", "self_attention.proj.weight",
-                            "layernorm_mlp.fc1_weight", "layernorm_mlp.fc2_weight"}
+    qkv = (["self_attention.layernorm_qkv.weight"] if fuse_qkv_params else
+           [f"self_attention.layernorm_qkv.{part}_weight" for part in ("query", "key", "value")])
+    assert set(weights) == {*qkv, "self_attention.proj.weight", "layernorm_mlp.fc1_weight", "layernorm_mlp.fc2_weight"}
     for p in weights.values():
         p.main_grad = torch.ones(p.shape, dtype=torch.float32, device=device)
     x = hidden((4, 2, HIDDEN), 14, device)
@@ -458,8 +460,6 @@ def test_constructor_errors():
         build(parallel_attention_mlp=True, output_layernorm=True)
     with pytest.raises(ValueError, match="parallel_attention_mlp"):
         build(parallel_attention_mlp=True, apply_residual_connection_post_layernorm=True)
-    with pytest.raises(ValueError, match="fuse_qkv_params"):
-        build(fuse_wgrad_accumulation=True)
     with pytest.raises(ValueError, match="hidden_dropout"):
         build(hidden_dropout=-0.1)
     with pytest.raises(ValueError, match="attn_input_format"):

@@ -84,7 +84,7 @@ class TransformerLayer(torch.nn.Module):
     ``normalization`` ("LayerNorm", "RMSNorm"), ``device``, ``attn_input_format`` ("sbhd",
     "bshd", "thd"), ``name``, ``qk_norm_type``, ``qk_norm_eps``, ``qk_norm_before_rope``,
     ``softmax_type``, and ``tp_group``, ``tp_size``, ``sequence_parallel``,
-    ``set_parallel_mode``, ``fuse_wgrad_accumulation`` (needs ``fuse_qkv_params``).
+    ``set_parallel_mode``, ``fuse_wgrad_accumulation`` (each weight, split ones too, needs ``main_grad``).
 
     The userbuffers options take effect only with ``ub_tp_comm_overlap=True`` (as in
     Transformer Engine), which raises NotImplementedError; so do tensor parallelism over
@@ -134,9 +134,6 @@ class TransformerLayer(torch.nn.Module):
                                  "cannot be combined")
             if output_layernorm:
                 raise ValueError(f"{_OWNER}: parallel_attention_mlp and output_layernorm cannot be combined")
-        if fuse_wgrad_accumulation and not fuse_qkv_params:
-            raise ValueError(f"{_OWNER}: fuse_wgrad_accumulation=True needs fuse_qkv_params=True (a single QKV "
-                             "weight to accumulate into)")
         self.hidden_dropout = _dropout_probability(hidden_dropout, "hidden_dropout", _OWNER)
         drop_path_rate = _dropout_probability(drop_path_rate, "drop_path_rate", _OWNER)
 

@@ -11,7 +11,7 @@ the transposed copies are made in the same pass as the casts.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Dict, Optional, Tuple, Union
+from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -41,6 +41,7 @@ from transformer_engine.pytorch.module.base import (
     get_workspace,
     record_amax,
 )
+from transformer_engine.pytorch.module._split_params import MainGradTarget, join_rows, main_grad_target
 from transformer_engine.pytorch.module.wgrad_store import WgradTarget
 
 __all__ = ["Linear"]
@@ -194,22 +195,21 @@ def _cast_grad(step: FP8Step, dy: torch.Tensor, index: int, want_dbias: bool, ne
 def linear_gemm_backward(step: FP8Step, dy: Optional[torch.Tensor], saved_x, saved_w, weight, dtype: torch.dtype,
                          need_wgrad: bool, need_dgrad: bool, fuse_wgrad_accumulation: bool, dev: CoreDevice,
                          index: int = 0, want_dbias: bool = False, dy_fp8: Optional[Float8TensorBase] = None,
-                         defer_to: Optional[WgradTarget] = None, dgrad_fp8: bool = False):
+                         defer_to: Optional[WgradTarget] = None, dgrad_fp8: bool = False,
+                         weight_parts: Optional[Sequence[torch.nn.Parameter]] = None):
     """dgrad and wgrad of a linear layer from its output gradient ``dy`` (2-D, ``dtype``, or
     FP8 storage from the next layer's fp8_grad), cast to FP8 (backward tensor ``index``)
     under FP8 unless ``dy_fp8`` is already that cast. With ``want_dbias`` also the bias
     gradient (dy summed over rows, ``dtype``): under delayed scaling from the same pass as
     the cast. With ``dgrad_fp8`` (FP8 steps only) dx is row-wise FP8 storage (backward
     tensor ``index + 1``). Returns (dx, dw, dbias); dw is None when it went into
-    ``weight.main_grad`` (fuse_wgrad_accumulation).
+    ``weight.main_grad`` (fuse_wgrad_accumulation; for a split weight, ``weight`` joins
+    ``weight_parts``, and each part's main_grad takes its rows).
 
     With ``defer_to`` (delay_wgrad_compute) the wgrad GEMM is handed to it instead of run,
     with the tensors it reads; dw is then None, and so is dbias when it comes with the
     wgrad GEMM (high precision: its epilogue on the GPU)."""
-    main_grad = getattr(weight, "main_grad", None) if fuse_wgrad_accumulation else None
-    if fuse_wgrad_accumulation and need_wgrad and main_grad is None:
-        raise RuntimeError("fuse_wgrad_accumulation=True needs weight.main_grad, a pre-allocated buffer of "
-                           f"the weight's shape {tuple(weight.shape)} to accumulate into")
+    main_grad = main_grad_target(weight, weight_parts) if fuse_wgrad_accumulation and need_wgrad else None
     if isinstance(dy, Float8TensorBase):
         dy_fp8 = gemm_operand(dy, role_fp8_dtype(step, False), need_dgrad, need_wgrad) if step.fp8 else None
         # The high-precision values only where still needed: the bias gradient, or no FP8 use.
@@ -245,7 +245,7 @@ def linear_gemm_backward(step: FP8Step, dy: Optional[torch.Tensor], saved_x, sav
     return dx, dw, (wgrad_bias if wgrad_dbias else dbias)
 
 
-def linear_wgrad(step: FP8Step, saved_x, dy, weight, dtype: torch.dtype, main_grad: Optional[torch.Tensor],
+def linear_wgrad(step: FP8Step, saved_x, dy, weight, dtype: torch.dtype, main_grad: Optional[MainGradTarget],
                  want_dbias: bool, dev: CoreDevice):
     """The weight-gradient GEMM dy^T x (``dy`` in FP8 under FP8), added into ``main_grad``
     when given; with ``want_dbias`` (high precision only) also dy's column sums. Returns
@@ -253,13 +253,14 @@ def linear_wgrad(step: FP8Step, saved_x, dy, weight, dtype: torch.dtype, main_gr
     dw = dbias = None
     if step.fp8:
         if main_grad is not None:  # a buffer of the user's: through the checked helper
-            general_gemm(saved_x, dy, get_workspace(main_grad.device), out_dtype=main_grad.dtype, layout="NT",
-                         out=main_grad, accumulate=True, use_split_accumulator=_split(step, "fp8_gemm_wgrad"))
+            out = main_grad.buffer
+            general_gemm(saved_x, dy, get_workspace(out.device), out_dtype=out.dtype, layout="NT", out=out,
+                         accumulate=True, use_split_accumulator=_split(step, "fp8_gemm_wgrad"))
         else:
             dw = module_ops.gemm(saved_x, dy, dev, dtype, False, True, split_accumulator=_split(step, "fp8_gemm_wgrad"))
     else:
         if main_grad is not None:
-            hp_wgrad(saved_x, dy, dev, out=main_grad)
+            hp_wgrad(saved_x, dy, dev, out=main_grad.buffer)
         elif want_dbias and dev.type == CUDA:  # dbias from the wgrad GEMM's epilogue: one launch fewer
             dw, dbias = module_ops.gemm_bias_grad(saved_x, dy, dev, dy.dtype, False, True)
         else:
@@ -267,8 +268,7 @@ def linear_wgrad(step: FP8Step, saved_x, dy, weight, dtype: torch.dtype, main_gr
         if want_dbias and dbias is None:
             dbias = dy.sum(0)
     if main_grad is not None:
-        # Megatron-style optimizers read main_grad and check this flag.
-        weight.grad_added_to_main_grad = True
+        main_grad.finish()
     if dw is not None and dw.dtype != weight.dtype:
         dw = dw.to(weight.dtype)
     return dw, dbias
@@ -334,6 +334,8 @@ class _LinearFunction(torch.autograd.Function):
         ctx.state = (saved_x, saved_w, weight, step, dtype, inp.shape, inp.dtype,
                      bias.dtype if bias is not None else None, module.fuse_wgrad_accumulation, need_wgrad, need_dgrad,
                      module if module.wgrad_store.delay_wgrad_compute else None, fp8_grad)
+        if module.fuse_wgrad_accumulation and module._split is not None:
+            ctx.weight_parts = module.weight_parts()
         if fp8_output:
             return to_float8_tensor(out, (*inp.shape[:-1], weight.shape[0]), dtype,
                                     role_quantizer(step, OUTPUT_INDEX, True, inp.device))
@@ -351,7 +353,7 @@ class _LinearFunction(torch.autograd.Function):
         defer_to = delaying_module.wgrad_target(want_dbias) if delaying_module is not None else None
         dx, dw, dbias = linear_gemm_backward(step, dy, saved_x, saved_w, weight, dtype, need_wgrad, need_dgrad,
                                              fuse_wgrad_accumulation, dev, want_dbias=want_dbias, defer_to=defer_to,
-                                             dgrad_fp8=fp8_grad)
+                                             dgrad_fp8=fp8_grad, weight_parts=getattr(ctx, "weight_parts", None))
         if defer_to is not None:
             delaying_module.wgrad_store.put(defer_to.entry)
         if dbias is not None and dbias.dtype != bias_dtype:
@@ -421,18 +423,22 @@ class Linear(TransformerEngineBaseModule):
         self.init_method = default_init_method if init_method is None else init_method
 
         # Made empty, then given their values by reset_parameters (later on the meta device:
-        # deferred init, nothing allocated until to_empty).
+        # deferred init, nothing allocated until to_empty). The parts of a split weight
+        # (and bias) are consecutive rows of one buffer, which the forward reads whole
+        # (_split_params.join_rows).
         self._split = _split_sizes(parameters_split, out_features)
         parts = {"": out_features} if self._split is None else {f"{part}_": rows for part, rows in self._split.items()}
+        weight_rows = torch.empty(out_features, in_features, dtype=params_dtype, device=device)
+        bias_rows = torch.empty(out_features, dtype=params_dtype, device=device) if self.use_bias else None
         self._weight_names, self._bias_names = [], []
+        first = 0
         for part, rows in parts.items():
-            self.register_parameter(f"{part}weight", torch.nn.Parameter(
-                torch.empty(rows, in_features, dtype=params_dtype, device=device)))
+            self.register_parameter(f"{part}weight", torch.nn.Parameter(weight_rows[first:first + rows]))
             self._weight_names.append(f"{part}weight")
             if self.use_bias:
-                self.register_parameter(f"{part}bias", torch.nn.Parameter(
-                    torch.empty(rows, dtype=params_dtype, device=device)))
+                self.register_parameter(f"{part}bias", torch.nn.Parameter(bias_rows[first:first + rows]))
                 self._bias_names.append(f"{part}bias")
+            first += rows
         if self._split is None and not self.use_bias:
             self.bias = None
         # Linear's, not self's: LayerNormLinear's also resets its norm, not made yet here.
@@ -459,7 +465,11 @@ class Linear(TransformerEngineBaseModule):
         # nn.Module.__getattr__, a slower search, on every forward).
         if len(names) == 1:
             return self._parameters[names[0]]
-        return torch.cat([self._parameters[n] for n in names], dim=0)
+        return join_rows([self._parameters[n] for n in names])
+
+    def weight_parts(self) -> Tuple[torch.nn.Parameter, ...]:
+        """The parameters the weight is made of (one unless parameters_split)."""
+        return tuple(self._parameters[n] for n in self._weight_names)
 
     def full_weight(self) -> torch.Tensor:
         return self._joined(self._weight_names)
