@@ -253,7 +253,7 @@ def test_fuse_wgrad_accumulation_with_split_weight(device, fp8, adjacent):
     else:
         for p in parts:
             p.main_grad = torch.ones(p.shape, device=device)
-    for step in range(2):
+    for _ in range(2):
         x = torch.randn(16, 64, device=device)
         with te.fp8_autocast(enabled=fp8):
             m(x).sum().backward()

@@ -60,8 +60,8 @@ __device__ __forceinline__ void accumulate_chunk(float* sums, int tile, const Ro
 // the 16-element bucket (hidden 4097 to 8192) fits in 64 registers a thread and two
 // blocks share an SM: 32 warps instead of 16 to overlap one row's loads with another's
 // reduction (ncu, layernorm at 8192 x 8192 on an H100: DRAM at 69% of peak with one
-// block, a warp eligible in 46% of cycles). Layernorm there went from 74.6% to 79.3%
-// of copy bandwidth, RMSNorm from 77.8% to 83.1% (H100). For blocks of several rows
+// block, a warp eligible in 46% of cycles). Layernorm there went from 74.6% to 79.9%
+// of copy bandwidth, RMSNorm from 77.8% to 82.7% (H100). For blocks of several rows
 // it lost (RMSNorm at 16384 x 4096: 90.4% -> 82.5%, 32768 x 1024: 84.4% -> 78.7%).
 bool bwd_sums_shared(const NormBwdParams& p, const NormRowShape& shape) {
   return shape.chunks == kNormBwdLongChunks || (shape.rows_per_block == 1 && dtype_size(p.in_dtype) == 2);
