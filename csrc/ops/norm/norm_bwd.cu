@@ -364,35 +364,28 @@ int64_t launch_rows_kernel(const NormBwdParams& p, const NormRowShape& shape, in
   auto launch_bucket = [&](auto in_tag, auto vectorized_tag) {
     constexpr te_dtype kIn = decltype(in_tag)::value;
     constexpr bool kVec = decltype(vectorized_tag)::value;
+    auto launch_norm = [&](auto chunks_tag, auto staged_tag, auto shared_tag) {
+      constexpr int kChunks = decltype(chunks_tag)::value;
+      constexpr bool kStaged = decltype(staged_tag)::value, kShared = decltype(shared_tag)::value;
+      if (layernorm) {
+        launch(norm_bwd_rows_kernel<kIn, kChunks, true, kVec, kStaged, kShared>);
+      } else {
+        launch(norm_bwd_rows_kernel<kIn, kChunks, false, kVec, kStaged, kShared>);
+      }
+    };
+    using Chunks = std::integral_constant<int, kNormBwdChunks>;
+    using LongChunks = std::integral_constant<int, kNormBwdLongChunks>;
     if (shape.chunks == kNormBwdChunks && !bwd_sums_shared(p, shape)) {
       constexpr bool kMayStage = kVec && kIn != TE_DTYPE_FLOAT32;
       if (kMayStage && staged) {
-        if (layernorm) {
-          launch(norm_bwd_rows_kernel<kIn, kNormBwdChunks, true, kVec, kMayStage, false>);
-        } else {
-          launch(norm_bwd_rows_kernel<kIn, kNormBwdChunks, false, kVec, kMayStage, false>);
-        }
-      } else if (layernorm) {
-        launch(norm_bwd_rows_kernel<kIn, kNormBwdChunks, true, kVec, false, false>);
+        launch_norm(Chunks{}, std::bool_constant<kMayStage>{}, std::false_type{});
       } else {
-        launch(norm_bwd_rows_kernel<kIn, kNormBwdChunks, false, kVec, false, false>);
+        launch_norm(Chunks{}, std::false_type{}, std::false_type{});
       }
-    } else if constexpr (kIn != TE_DTYPE_FLOAT32) {
-      if (shape.chunks == kNormBwdLongChunks) {
-        if (layernorm) {
-          launch(norm_bwd_rows_kernel<kIn, kNormBwdLongChunks, true, kVec, false, true>);
-        } else {
-          launch(norm_bwd_rows_kernel<kIn, kNormBwdLongChunks, false, kVec, false, true>);
-        }
-      } else if (layernorm) {
-        launch(norm_bwd_rows_kernel<kIn, kNormBwdChunks, true, kVec, false, true>);
-      } else {
-        launch(norm_bwd_rows_kernel<kIn, kNormBwdChunks, false, kVec, false, true>);
-      }
-    } else if (layernorm) {  // fp32: the long rows only (bwd_sums_shared)
-      launch(norm_bwd_rows_kernel<kIn, kNormBwdLongChunks, true, kVec, false, true>);
-    } else {
-      launch(norm_bwd_rows_kernel<kIn, kNormBwdLongChunks, false, kVec, false, true>);
+    } else if (shape.chunks == kNormBwdLongChunks) {
+      launch_norm(LongChunks{}, std::false_type{}, std::true_type{});
+    } else if constexpr (kIn != TE_DTYPE_FLOAT32) {  // 16-bit rows alone in their block (bwd_sums_shared)
+      launch_norm(Chunks{}, std::false_type{}, std::true_type{});
     }
   };
   dispatch_float_dtype(p.in_dtype, [&](auto in_tag) {
@@ -402,6 +395,9 @@ int64_t launch_rows_kernel(const NormBwdParams& p, const NormRowShape& shape, in
       launch_bucket(in_tag, std::false_type{});
     }
   });
+  // fp32 rows keep their sums in registers up to hidden 8192 (bwd_sums_shared): every
+  // shape above has its kernel
+  if (grid == 0) fail(TE_ERROR_INTERNAL, concat("norm backward: no rows kernel for hidden ", p.hidden));
   return grid;
 }
 
