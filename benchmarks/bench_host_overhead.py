@@ -5,6 +5,7 @@ side by side in one run.
     python3 benchmarks/bench_host_overhead.py                  # the GPU when there is one
     python3 benchmarks/bench_host_overhead.py --device cpu     # no GPU needed
     python3 benchmarks/bench_host_overhead.py --split          # + where te.Linear's backward time goes
+    python3 benchmarks/bench_host_overhead.py --dtype bfloat16 --eager-only   # bf16 parameters and input
 
 On a GPU a second table times the same steps with the modules CUDA-graphed
 (te.make_graphed_callables, and torch.cuda.make_graphed_callables for the PyTorch layers),
@@ -50,21 +51,21 @@ _CORE_QUERIES = {"built_with_cuda", "gemm_workspace_size", "norm_workspace_size"
 
 
 class TorchLayerNormLinear(torch.nn.Module):
-    def __init__(self, hidden: int, out: int, device):
+    def __init__(self, hidden: int, out: int, device, dtype):
         super().__init__()
-        self.norm = torch.nn.LayerNorm(hidden, device=device)
-        self.linear = torch.nn.Linear(hidden, out, device=device)
+        self.norm = torch.nn.LayerNorm(hidden, device=device, dtype=dtype)
+        self.linear = torch.nn.Linear(hidden, out, device=device, dtype=dtype)
 
     def forward(self, x):
         return self.linear(self.norm(x))
 
 
 class TorchMLP(torch.nn.Module):
-    def __init__(self, hidden: int, ffn: int, device):
+    def __init__(self, hidden: int, ffn: int, device, dtype):
         super().__init__()
-        self.norm = torch.nn.LayerNorm(hidden, device=device)
-        self.fc1 = torch.nn.Linear(hidden, ffn, device=device)
-        self.fc2 = torch.nn.Linear(ffn, hidden, device=device)
+        self.norm = torch.nn.LayerNorm(hidden, device=device, dtype=dtype)
+        self.fc1 = torch.nn.Linear(hidden, ffn, device=device, dtype=dtype)
+        self.fc2 = torch.nn.Linear(ffn, hidden, device=device, dtype=dtype)
 
     def forward(self, x):
         return self.fc2(F.gelu(self.fc1(self.norm(x)), approximate="tanh"))
@@ -184,12 +185,12 @@ def split_backward(module, x, grad, recipe, steps: int) -> dict:
             for i, name in enumerate(("to enter", "body", "after", "backward"))}
 
 
-def print_split(device: str, t: int, h: int, steps: int) -> None:
+def print_split(device: str, t: int, h: int, steps: int, dtype: torch.dtype) -> None:
     """te.Linear's backward split (split_backward) with autograd's device threads (the
     default) and with the backward on the calling thread, each recipe."""
-    x = torch.randn(t, h, device=device, requires_grad=True)
-    grad = torch.randn(t, h, device=device)
-    module = te.Linear(h, h, device=device)
+    x = torch.randn(t, h, device=device, dtype=dtype, requires_grad=True)
+    grad = torch.randn(t, h, device=device, dtype=dtype)
+    module = te.Linear(h, h, device=device, params_dtype=dtype)
     print(f"\nte.Linear backward, split (median us of {steps} steps, the first tenth left out):")
     print("| recipe | autograd runs the backward on | to enter | body | after | backward |")
     print("|---|---|---|---|---|---|")
@@ -215,27 +216,33 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--modules", default="Linear,LayerNormLinear,LayerNormMLP")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="parameters and input (FP8 training usually keeps bf16 ones)")
+    parser.add_argument("--eager-only", action="store_true", help="no CUDA-graphed table")
     parser.add_argument("--split", action="store_true",
                         help="also split te.Linear's backward (to enter / body / after; real kernels)")
     args = parser.parse_args()
     device, t, h = args.device, args.tokens, args.hidden
+    dtype = getattr(torch, args.dtype)
     stub = device == "cpu" and args.core == "stub"
     if device == "cpu":
         torch.set_num_threads(1)  # tiny ops: threads only add noise
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU" + (", core kernels stubbed" if stub else "")
-    print(f"device: {name}  input [{t}, {h}], hidden {h}, fp32 params; fastest of {args.rounds} rounds of "
+    print(f"device: {name}  input [{t}, {h}], hidden {h}, {args.dtype} params; fastest of {args.rounds} rounds of "
           f"{args.iters} steps; host us per forward + backward (ratio to PyTorch)")
     header = ["module", "PyTorch us"] + [f"OpenTE {label} us" for label in RECIPES]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
 
-    x = torch.randn(t, h, device=device, requires_grad=True)
-    grad = torch.randn(t, h, device=device)
+    x = torch.randn(t, h, device=device, dtype=dtype, requires_grad=True)
+    grad = torch.randn(t, h, device=device, dtype=dtype)
     pairs = {
-        "Linear": (lambda: torch.nn.Linear(h, h, device=device), lambda: te.Linear(h, h, device=device)),
-        "LayerNormLinear": (lambda: TorchLayerNormLinear(h, h, device),
-                            lambda: te.LayerNormLinear(h, h, device=device)),
-        "LayerNormMLP": (lambda: TorchMLP(h, 4 * h, device), lambda: te.LayerNormMLP(h, 4 * h, device=device)),
+        "Linear": (lambda: torch.nn.Linear(h, h, device=device, dtype=dtype),
+                   lambda: te.Linear(h, h, device=device, params_dtype=dtype)),
+        "LayerNormLinear": (lambda: TorchLayerNormLinear(h, h, device, dtype),
+                            lambda: te.LayerNormLinear(h, h, device=device, params_dtype=dtype)),
+        "LayerNormMLP": (lambda: TorchMLP(h, 4 * h, device, dtype),
+                         lambda: te.LayerNormMLP(h, 4 * h, device=device, params_dtype=dtype)),
     }
     for module_name in args.modules.split(","):
         make_ref, make_te = pairs[module_name]
@@ -247,10 +254,10 @@ def main() -> None:
         row = [module_name, f"{times['ref']:.1f}"]
         row += [f"{times[label]:.1f} ({times[label] / times['ref']:.2f}x)" for label in RECIPES]
         print("| " + " | ".join(row) + " |")
-    if device == "cuda":
+    if device == "cuda" and not args.eager_only:
         print_graphed(pairs, args.modules.split(","), x, grad, args.iters, args.rounds)
     if args.split:
-        print_split(device, t, h, steps=args.iters * 20)
+        print_split(device, t, h, steps=args.iters * 20, dtype=dtype)
 
 
 if __name__ == "__main__":

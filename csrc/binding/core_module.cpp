@@ -143,6 +143,30 @@ NB_MODULE(_core, m) {
       nb::arg("input"), nb::arg("output"), nb::arg("epsilon") = 0.0f, nb::arg("force_pow_2_scales") = false,
       nb::arg("stream") = 0);
 
+  // Several casts, one core call (on the GPU one launch for the small ones).
+  m.def(
+      "multi_quantize",
+      [](const std::vector<te_tensor>& inputs, const std::vector<te_tensor>& outputs, uintptr_t stream) {
+        if (inputs.size() != outputs.size()) throw nb::value_error("multi_quantize: inputs and outputs differ in length");
+        call_core([&] { return te_multi_quantize(inputs.size(), inputs.data(), outputs.data(), as_ptr<void>(stream)); });
+      },
+      nb::arg("inputs"), nb::arg("outputs"), nb::arg("stream") = 0);
+
+  m.def(
+      "multi_quantize_current_scaling",
+      [](const std::vector<te_tensor>& inputs, const std::vector<te_tensor>& outputs, float epsilon,
+         bool force_pow_2_scales, uintptr_t stream) {
+        if (inputs.size() != outputs.size()) {
+          throw nb::value_error("multi_quantize_current_scaling: inputs and outputs differ in length");
+        }
+        call_core([&] {
+          return te_multi_quantize_current_scaling(inputs.size(), inputs.data(), outputs.data(), epsilon,
+                                                   force_pow_2_scales ? 1 : 0, as_ptr<void>(stream));
+        });
+      },
+      nb::arg("inputs"), nb::arg("outputs"), nb::arg("epsilon") = 0.0f, nb::arg("force_pow_2_scales") = false,
+      nb::arg("stream") = 0);
+
   m.def(
       "dequantize",
       [](const te_tensor& input, const te_tensor& output, uintptr_t stream) {

@@ -287,9 +287,11 @@ def test_workspace_size():
 
 # ---- CUDA vs the CPU core ------------------------------------------------------------------
 
-SHAPES = {"1x1": (1, 1), "3x17": (3, 17), "65x130": (65, 130), "1000x1000": (1000, 1000),
+# Up to 128 rows (one row block) the kernels write dbias themselves: 1x1, 3x17 and 65x130
+# (generic kernel), 128x256 (fast kernel); more rows add partials in a second kernel.
+SHAPES = {"1x1": (1, 1), "3x17": (3, 17), "65x130": (65, 130), "128x256": (128, 256), "1000x1000": (1000, 1000),
           "4096x4095": (4096, 4095), "unaligned": (24, 40)}
-SMALL_SHAPES = ["1x1", "3x17", "65x130", "1000x1000", "unaligned"]
+SMALL_SHAPES = ["1x1", "3x17", "65x130", "128x256", "1000x1000", "unaligned"]
 
 
 def to_device(t, device, unaligned):

@@ -24,10 +24,10 @@ from transformer_engine.pytorch.cpp_extensions import DType, quantize
 
 # () is a scalar (one element), (7,) one row; (3, 17) ... (61, 127) are not
 # multiples of 8 (the kernels' general paths); (24, 40), (16, 8), (48, 40),
-# (144, 72) are multiples of 8 but not of the 128 x 128 tile (the fast
-# cast+transpose path with partial tiles); (1160, 264) has a partial tile in
-# both directions and more tiles than one row band. All small enough for
-# compute-sanitizer.
+# (144, 72) are multiples of 8 of at most 16384 elements (on CUDA one block casts
+# them: quantize_small.cu); (1160, 264) takes the fast cast+transpose path with a
+# partial tile in both directions and more tiles than one row band. All small
+# enough for compute-sanitizer.
 SHAPES = [(), (1, 1), (7,), (3, 17), (2, 5, 33), (0, 16), (61, 127), (24, 40), (16, 8), (48, 40), (144, 72),
           (1160, 264)]
 LARGE_SHAPES = [(4096, 4095), (16384, 4096), (3, 333, 1001)]

@@ -28,9 +28,11 @@ from transformer_engine import _core
 from transformer_engine.pytorch.cpp_extensions import module_ops
 from transformer_engine.pytorch.cpp_extensions.tensor_desc import describe, stream_of
 
-# Odd sizes (the kernels' general paths), multiples of 8 (the fast cast+transpose), a
-# partial 128-tile, and empty ones (amax 0: scale 1, or fp8_max / epsilon).
-SHAPES = [(1, 1), (3, 17), (24, 40), (61, 127), (144, 72), (0, 16), (16, 0)]
+# Odd sizes (the kernels' general paths), multiples of 8 up to 16384 elements (on
+# CUDA one block does amax, scale and cast: quantize_small.cu), past that the fast
+# cast+transpose with partial 128-tiles, and empty ones (amax 0: scale 1, or
+# fp8_max / epsilon).
+SHAPES = [(1, 1), (3, 17), (24, 40), (61, 127), (144, 72), (1160, 264), (0, 16), (16, 0)]
 LAYOUTS = {"rowwise": (True, False), "columnwise": (False, True), "both": (True, True)}
 
 

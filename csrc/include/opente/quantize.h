@@ -9,6 +9,8 @@
 #ifndef OPENTE_QUANTIZE_H_
 #define OPENTE_QUANTIZE_H_
 
+#include <stddef.h>
+
 #include "opente/status.h"
 #include "opente/tensor.h"
 
@@ -40,6 +42,20 @@ te_status te_quantize(const te_tensor* input, const te_tensor* output, void* str
  * stream: a cudaStream_t for CUDA tensors; ignored on the CPU. */
 te_status te_quantize_current_scaling(const te_tensor* input, const te_tensor* output, float epsilon,
                                       int force_pow_2_scales, void* stream);
+
+/* Several casts in one call: te_quantize of each pair (inputs[i], outputs[i]),
+ * or te_quantize_current_scaling of each with one epsilon and force_pow_2_scales.
+ * Every pair is checked before any runs; all tensors on one device; the outputs'
+ * buffers (data, scales, amaxes) distinct between pairs, except that delayed-scaling
+ * casts may raise one amax. On the GPU the small ones (up to 16384 elements, both
+ * dimensions multiples of 8, aligned as a fresh allocation is) are cast by a single
+ * launch, a block each: the casts of a layer's input and weight, at the sizes where
+ * launches, not bandwidth, cost the time. The results equal the single calls', bit
+ * for bit. count may be 0.
+ * stream: a cudaStream_t for CUDA tensors; ignored on the CPU. */
+te_status te_multi_quantize(size_t count, const te_tensor* inputs, const te_tensor* outputs, void* stream);
+te_status te_multi_quantize_current_scaling(size_t count, const te_tensor* inputs, const te_tensor* outputs,
+                                            float epsilon, int force_pow_2_scales, void* stream);
 
 /* Dequantize `input` (float8_e4m3 or float8_e5m2 per-tensor, row-wise `data` and
  * `scale_inv` set) into `output` (float32, float16 or bfloat16, same shape):

@@ -15,7 +15,8 @@
 //
 // Column sums go to a workspace of [ceil(rows / 128), out_cols] fp32 partials,
 // one row per 128-row block in every kernel, so the sum's grouping depends on the
-// shape only, never on the GPU or on which kernel ran.
+// shape only, never on the GPU or on which kernel ran. With one row block they are
+// the sums themselves, written to the output directly (no finalize launch).
 #pragma once
 
 #include <stdint.h>
@@ -62,6 +63,8 @@ struct TileParams {
   float* scale_inv;       // [1], receives 1/scale; may be null
   float* amax;            // [1], raised to max|y| over the fp32 y; may be null
   float* partials;        // [ceil(rows / 128), out_cols] column sums of y per row block; may be null
+  void* sums;             // [out_cols], in_dtype: the column sums themselves, for rows <= 128 (one
+                          // row block, no partials to add up); may be null, never with partials
   int64_t rows;
   int64_t hidden;         // H
   te_activation base;     // the plain activation (not read for kIdentity)
@@ -130,7 +133,7 @@ __global__ void __launch_bounds__(kCtThreads) act_tile_kernel(TileParams p, int6
   const int64_t rows = p.rows, h = p.hidden, out_cols = kOuts * h;
   const te_dtype out_dtype = p.out_dtype;
   const bool fp8 = is_fp8_dtype(out_dtype);
-  const bool transpose = fp8 && p.out_t != nullptr, sum_columns = p.partials != nullptr;
+  const bool transpose = fp8 && p.out_t != nullptr, sum_columns = p.partials != nullptr || p.sums != nullptr;
   const float scale = fp8 ? *p.scale : 1.0f;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t row_tile = blockIdx.x / col_tiles;
@@ -215,7 +218,11 @@ __global__ void __launch_bounds__(kCtThreads) act_tile_kernel(TileParams p, int6
         float sum = 0.0f;
 #pragma unroll
         for (int w = 0; w < kCtThreads / 32; ++w) sum += warp_sums[w * kCtTileCols + threadIdx.x];
-        p.partials[row_tile * out_cols + o * h + c] = sum;
+        if (p.sums) {
+          static_cast<In*>(p.sums)[o * h + c] = from_float<In>(sum);
+        } else {
+          p.partials[row_tile * out_cols + o * h + c] = sum;
+        }
       }
     }
     if (o + 1 < kOuts) __syncthreads();  // tile_t and warp_sums are rewritten for the next half
@@ -316,7 +323,7 @@ __global__ void __launch_bounds__(kTileGenericThreads)
       __syncthreads();
     }
   }
-  if (p.partials) {
+  if (p.partials || p.sums) {
     for (int o = 0; o < n_out; ++o) sums[o][ty][tx] = col_sum[o];
     __syncthreads();
     const int64_t c = col_base + tx;
@@ -324,7 +331,11 @@ __global__ void __launch_bounds__(kTileGenericThreads)
       for (int o = 0; o < n_out; ++o) {
         float sum = 0.0f;
         for (int g = 0; g < kTileGenericRowStep; ++g) sum += sums[o][g][tx];
-        p.partials[row_tile * out_cols + o * h + c] = sum;
+        if (p.sums) {
+          store1_float(p.sums, p.in_dtype, o * h + c, sum);
+        } else {
+          p.partials[row_tile * out_cols + o * h + c] = sum;
+        }
       }
     }
   }

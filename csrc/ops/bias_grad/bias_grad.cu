@@ -1,7 +1,8 @@
 // The bias-gradient casts on the GPU: one pass of the tiled kernel of
 // ops/activation/activation_tile.cuh (dx computed per element, written row-wise
 // and / or column-wise, and each 128-row block's column sums written to the
-// workspace), then dbias_finalize_kernel adds the partials of each column.
+// workspace), then dbias_finalize_kernel adds the partials of each column (for at
+// most 128 rows the tile kernel writes dbias itself).
 #include <algorithm>
 
 #include "common/cuda_elements.cuh"
@@ -61,7 +62,12 @@ void dbias_cast_cuda(const DbiasCastParams& p, int device, void* workspace, void
   t.scale = p.scale;
   t.scale_inv = p.scale_inv;
   t.amax = p.amax;
-  t.partials = p.dbias ? static_cast<float*>(workspace) : nullptr;
+  // Rows of one 128-row block: the block's column sums are dbias (rounded once, as the
+  // finalize rounds a sum of one partial), and the finalize launch is saved.
+  const int64_t row_blocks = (p.rows + kDbiasRowBlock - 1) / kDbiasRowBlock;  // 0 rows: dbias = 0
+  const bool direct = p.dbias && row_blocks == 1;
+  t.partials = p.dbias && !direct ? static_cast<float*>(workspace) : nullptr;
+  t.sums = direct ? p.dbias : nullptr;
   t.rows = p.rows;
   t.hidden = p.hidden;
   t.base = base_activation(p.kind);
@@ -75,8 +81,7 @@ void dbias_cast_cuda(const DbiasCastParams& p, int device, void* workspace, void
     launch_act_tile<TileMode::kBwd>(t, device, s);
   }
 
-  if (!p.dbias || cols == 0) return;
-  const int64_t row_blocks = (p.rows + kDbiasRowBlock - 1) / kDbiasRowBlock;  // 0 rows: dbias = 0
+  if (!p.dbias || direct || cols == 0) return;
   const int64_t grid = (cols + kFinalizeCols - 1) / kFinalizeCols;
   dispatch_float_dtype(p.in_dtype, [&](auto tag) {
     using T = typename CudaType<decltype(tag)::value>::type;

@@ -3,6 +3,8 @@
 #include "opente/quantize.h"
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "common/error.h"
 #include "common/tensor_checks.h"
@@ -15,24 +17,76 @@ namespace {
 constexpr const char* kFloatDtypes = "float32, float16 or bfloat16";
 constexpr const char* kFp8Dtypes = "float8_e4m3 or float8_e5m2";
 
-// The checks of te_quantize, shared by te_quantize_current_scaling: the cast's params.
-QuantizeParams checked_cast(const te_tensor* input_desc, const te_tensor* output_desc) {
-  const te_tensor& in = checked_tensor(input_desc, "input");
-  const te_tensor& out = checked_tensor(output_desc, "output");
-  check_dtype(in, "input", is_high_precision_float(in.dtype), kFloatDtypes);
-  check_dtype(out, "output", is_fp8(out.dtype), kFp8Dtypes);
-  check_per_tensor_scaling(out, "output");
-  check_same_shape(in, "input", out, "output");
-  check_same_device(in.device, "input", out.device, "output");
-  check_pointer(out.scale, "output", "scale");
+// The checks of te_quantize, shared by te_quantize_current_scaling and the multi
+// casts (whose arguments are named inputs[i] / outputs[i]): the cast's params.
+QuantizeParams checked_cast(const te_tensor* input_desc, const te_tensor* output_desc, const char* in_name = "input",
+                            const char* out_name = "output") {
+  const te_tensor& in = checked_tensor(input_desc, in_name);
+  const te_tensor& out = checked_tensor(output_desc, out_name);
+  check_dtype(in, in_name, is_high_precision_float(in.dtype), kFloatDtypes);
+  check_dtype(out, out_name, is_fp8(out.dtype), kFp8Dtypes);
+  check_per_tensor_scaling(out, out_name);
+  check_same_shape(in, in_name, out, out_name);
+  check_same_device(in.device, in_name, out.device, out_name);
+  check_pointer(out.scale, out_name, "scale");
   const MatrixShape m = matrix_shape(in);
   if (m.rows * m.cols > 0) {
-    check_pointer(in.data, "input", "data");
-    OPENTE_CHECK_ARG(out.data || out.columnwise_data,
-                     "output.data and output.columnwise_data must not both be null");
+    check_pointer(in.data, in_name, "data");
+    OPENTE_CHECK_ARG(out.data || out.columnwise_data, out_name, ".data and ", out_name,
+                     ".columnwise_data must not both be null");
   }
   return QuantizeParams{in.data, out.data, out.columnwise_data, out.scale, out.scale_inv, out.amax,
                         m.rows, m.cols, te_dtype(in.dtype), te_dtype(out.dtype)};
+}
+
+// A cast with the given scale (current_scaling false) or by current scaling, checked.
+QuantizeJob checked_job(const te_tensor* input_desc, const te_tensor* output_desc, bool current_scaling,
+                        float epsilon, int force_pow_2_scales, const char* in_name = "input",
+                        const char* out_name = "output") {
+  QuantizeJob job{checked_cast(input_desc, output_desc, in_name, out_name), nullptr, nullptr, 0.0f, 0.0f, false};
+  if (current_scaling) {
+    check_pointer(output_desc->amax, out_name, "amax");
+    OPENTE_CHECK_ARG(std::isfinite(epsilon) && epsilon >= 0.0f, "epsilon must be finite and >= 0, got ", epsilon);
+    job.amax_out = job.cast.amax;  // written, not raised
+    job.scale_out = static_cast<float*>(output_desc->scale);
+    job.cast.amax = nullptr;
+    job.fp8_max = fp8_max(job.cast.out_dtype);
+    job.epsilon = epsilon;
+    job.force_pow_2_scales = force_pow_2_scales != 0;
+  }
+  return job;
+}
+
+void quantize_job_cpu(const QuantizeJob& job) {
+  if (job.scale_out) {
+    quantize_current_scaling_cpu(current_scaling_steps(job));
+  } else {
+    quantize_cpu(job.cast);
+  }
+}
+
+// te_multi_quantize*: every pair checked before anything runs, all on one device.
+te_status run_multi_quantize(const char* op, size_t count, const te_tensor* inputs, const te_tensor* outputs,
+                             bool current_scaling, float epsilon, int force_pow_2_scales,
+                             [[maybe_unused]] void* stream) {
+  return run_op(op, [&] {
+    OPENTE_CHECK_ARG(count == 0 || (inputs && outputs), "inputs and outputs must not be null");
+    std::vector<QuantizeJob> jobs;
+    jobs.reserve(count);
+    for (size_t i = 0; i < count; ++i) {
+      const std::string in_name = "inputs[" + std::to_string(i) + "]";
+      const std::string out_name = "outputs[" + std::to_string(i) + "]";
+      jobs.push_back(checked_job(&inputs[i], &outputs[i], current_scaling, epsilon, force_pow_2_scales,
+                                 in_name.c_str(), out_name.c_str()));
+      if (i > 0) check_same_device(inputs[i].device, in_name.c_str(), inputs[0].device, "inputs[0]");
+    }
+    if (count == 0) return;
+    if (inputs[0].device.type == TE_DEVICE_CPU) {
+      for (const QuantizeJob& job : jobs) quantize_job_cpu(job);
+    } else {
+      OPENTE_CUDA_CALL("inputs", multi_quantize_cuda(jobs.data(), int64_t(count), inputs[0].device.index, stream));
+    }
+  });
 }
 
 }  // namespace
@@ -52,23 +106,25 @@ extern "C" te_status te_quantize_current_scaling(const te_tensor* input_desc, co
                                                  float epsilon, int force_pow_2_scales,
                                                  [[maybe_unused]] void* stream) {
   return run_op("te_quantize_current_scaling", [&] {
-    QuantizeParams cast = checked_cast(input_desc, output_desc);
-    check_pointer(output_desc->amax, "output", "amax");
-    OPENTE_CHECK_ARG(std::isfinite(epsilon) && epsilon >= 0.0f, "epsilon must be finite and >= 0, got ", epsilon);
-    const AmaxParams amax{cast.input, cast.amax, cast.rows * cast.cols, cast.in_dtype};
-    // The scale step writes scale_inv (also for an empty input, which the cast skips);
-    // the cast neither re-reduces amax nor rewrites scale_inv.
-    const CurrentScalingParams scaling{cast.amax, output_desc->scale, cast.scale_inv, fp8_max(cast.out_dtype),
-                                       epsilon, force_pow_2_scales != 0};
-    cast.amax = nullptr;
-    cast.scale_inv = nullptr;
-    const CurrentScalingQuantizeParams p{amax, scaling, cast};
+    const QuantizeJob job = checked_job(input_desc, output_desc, true, epsilon, force_pow_2_scales);
     if (input_desc->device.type == TE_DEVICE_CPU) {
-      quantize_current_scaling_cpu(p);
+      quantize_job_cpu(job);
     } else {
-      OPENTE_CUDA_CALL("input", quantize_current_scaling_cuda(p, input_desc->device.index, stream));
+      OPENTE_CUDA_CALL("input", quantize_current_scaling_cuda(job, input_desc->device.index, stream));
     }
   });
+}
+
+extern "C" te_status te_multi_quantize(size_t count, const te_tensor* inputs, const te_tensor* outputs,
+                                       void* stream) {
+  return run_multi_quantize("te_multi_quantize", count, inputs, outputs, false, 0.0f, 0, stream);
+}
+
+extern "C" te_status te_multi_quantize_current_scaling(size_t count, const te_tensor* inputs,
+                                                       const te_tensor* outputs, float epsilon,
+                                                       int force_pow_2_scales, void* stream) {
+  return run_multi_quantize("te_multi_quantize_current_scaling", count, inputs, outputs, true, epsilon,
+                            force_pow_2_scales, stream);
 }
 
 extern "C" te_status te_dequantize(const te_tensor* input_desc, const te_tensor* output_desc, [[maybe_unused]] void* stream) {

@@ -1,5 +1,6 @@
 // Launch of the FP8 cast: cast only, or cast + transpose when the column-wise
-// copy is wanted. The one dtype switch of the cast lives here.
+// copy is wanted (a small tensor: quantize_small.cu, one block). The one dtype
+// switch of the many-block casts lives here.
 #include <algorithm>
 
 #include "common/cuda_utils.h"
@@ -52,6 +53,11 @@ void launch_cast_transpose(const QuantizeParams& p, cudaStream_t stream) {
 }  // namespace
 
 void quantize_cuda(const QuantizeParams& p, int device, void* stream) {
+  if (small_quantize_fits(p)) {
+    const QuantizeJob job{p, nullptr, nullptr, 0.0f, 0.0f, false};
+    quantize_small_cuda(&job, 1, device, stream);
+    return;
+  }
   DeviceGuard guard(device);
   dispatch_float_dtype(p.in_dtype, [&](auto in_tag) {
     dispatch_fp8_dtype(p.out_dtype, [&](auto out_tag) {

@@ -47,6 +47,33 @@ struct CurrentScalingQuantizeParams {
   QuantizeParams cast;
 };
 
+// One cast of te_quantize (scale_out null: cast.scale is read, cast.amax raised)
+// or of te_quantize_current_scaling (scale_out set: max|input| goes to amax_out and
+// the scale computed from it to scale_out, which cast.scale then points at; cast.amax
+// is null), as te_multi_quantize* take them.
+struct QuantizeJob {
+  QuantizeParams cast;
+  float* amax_out;   // current scaling only
+  float* scale_out;  // current scaling only; null for a given scale
+  float fp8_max;     // current scaling: of cast.out_dtype
+  float epsilon;
+  bool force_pow_2_scales;
+};
+
+// The three steps of a current-scaling job, as the separate ops run them.
+inline CurrentScalingQuantizeParams current_scaling_steps(const QuantizeJob& job) {
+  const QuantizeParams& c = job.cast;
+  const AmaxParams amax{c.input, job.amax_out, c.rows * c.cols, c.in_dtype};
+  // The scale step writes scale_inv (also for an empty input, which the cast skips);
+  // the cast neither re-reduces amax nor rewrites scale_inv.
+  const CurrentScalingParams scaling{job.amax_out, job.scale_out, c.scale_inv, job.fp8_max, job.epsilon,
+                                     job.force_pow_2_scales};
+  QuantizeParams cast = c;
+  cast.amax = nullptr;
+  cast.scale_inv = nullptr;
+  return CurrentScalingQuantizeParams{amax, scaling, cast};
+}
+
 void quantize_cpu(const QuantizeParams& p);
 void dequantize_cpu(const DequantizeParams& p);
 void amax_cpu(const AmaxParams& p);
@@ -56,7 +83,16 @@ void quantize_current_scaling_cpu(const CurrentScalingQuantizeParams& p);
 void quantize_cuda(const QuantizeParams& p, int device, void* stream);
 void dequantize_cuda(const DequantizeParams& p, int device, void* stream);
 void amax_cuda(const AmaxParams& p, int device, void* stream);
-void quantize_current_scaling_cuda(const CurrentScalingQuantizeParams& p, int device, void* stream);
+void quantize_current_scaling_cuda(const QuantizeJob& job, int device, void* stream);
+// Jobs one after another; the small ones (small_quantize_fits) of one dtype pair
+// share a launch (quantize_small.cu).
+void multi_quantize_cuda(const QuantizeJob* jobs, int64_t count, int device, void* stream);
+// Whether one block casts this tensor (quantize_small.cu): at most
+// kSmallQuantizeElements elements, both dimensions multiples of 8, 16-byte aligned
+// input and 8-byte aligned outputs.
+bool small_quantize_fits(const QuantizeParams& p);
+// Jobs that all fit, of one input and one output dtype, a block each, one launch.
+void quantize_small_cuda(const QuantizeJob* jobs, int count, int device, void* stream);
 #endif
 
 }  // namespace opente

@@ -29,7 +29,7 @@ import transformer_engine.pytorch.tensor._internal.float8_tensor_base as _f8
 
 __all__ = [
     "CPU", "CUDA", "CoreDevice", "Fp8Output", "core_device", "core_device_at", "cuda_workspace",
-    "quantize", "quantize_current_scaling", "dbias_quantize", "gemm", "gemm_fp8_output", "gemm_bias_grad",
+    "quantize", "quantize_current_scaling", "QuantizeGroup", "dbias_quantize", "gemm", "gemm_fp8_output", "gemm_bias_grad",
     "delayed_scaling_update",
     "norm_forward", "norm_backward", "activation_forward", "activation_backward", "dact_dbias_quantize",
 ]
@@ -186,12 +186,71 @@ def quantize_current_scaling(x: torch.Tensor, fp8_dtype: DType, epsilon: float, 
     rows, cols = x.shape
     device = x.device
     data, data_t, scale_inv = _fp8_buffers(rows, cols, device, rowwise, columnwise)
-    amax_and_scale = torch.empty(2, dtype=_F32, device=device)  # scratch the op fills before reading
-    amax = amax_and_scale.data_ptr()
+    keep, amax = _amax_and_scale_slots(1, dev, device)  # kept referenced until the op is queued
     out = _fp8_desc(rows, cols, fp8_dtype, data, data_t, amax + 4, scale_inv, amax, dev)
     _core.quantize_current_scaling(_float_desc(x, dev, "x"), out, float(epsilon), bool(force_pow_2_scales),
                                    dev.stream)
     return _f8.Float8TensorBase.wrap(data, data_t, scale_inv, fp8_dtype)
+
+
+def _amax_and_scale_slots(count: int, dev: CoreDevice, device: torch.device) -> Tuple[torch.Tensor, int]:
+    """Where ``count`` current-scaling casts put their amax and scale (8 bytes each, amax
+    first): (the buffer, its address). A cast writes both before reading them and nothing
+    reads them after, so on the GPU the stream's scratch (_scratch) holds them, without
+    an allocation a cast; on the CPU a small tensor."""
+    if dev.type == CUDA:
+        return _scratch(8 * count, dev, device)
+    t = torch.empty(2 * count, dtype=_F32)
+    return t, t.data_ptr()
+
+
+class QuantizeGroup:
+    """FP8 casts made by one core call: ``add`` / ``add_current_scaling`` return a cast's
+    FP8 storage at once (its buffers exist, not yet written) and ``run`` queues what
+    writes them, before anything can read them. On the GPU the small casts of a group
+    are one kernel launch (te_multi_quantize): a small layer's input and weight, where a
+    launch costs more host time than the kernel takes on the device."""
+
+    __slots__ = ("dev", "_inputs", "_outputs", "_current")
+
+    def __init__(self, dev: CoreDevice):
+        self.dev = dev
+        self._inputs, self._outputs = [], []  # casts with a given scale (delayed scaling)
+        # (epsilon, force_pow_2_scales) -> [(x, rows, cols, fp8_dtype, data, data_t, scale_inv)]
+        self._current: Dict[Tuple[float, bool], list] = {}
+
+    def add(self, x: torch.Tensor, fp8_dtype: DType, scale: int, amax: int, rowwise: bool,
+            columnwise: bool) -> _f8.Float8TensorBase:
+        """As quantize(), run by ``run``."""
+        rows, cols = x.shape
+        data, data_t, scale_inv = _fp8_buffers(rows, cols, x.device, rowwise, columnwise)
+        self._inputs.append(_float_desc(x, self.dev, "x"))
+        self._outputs.append(_fp8_desc(rows, cols, fp8_dtype, data, data_t, scale, scale_inv, amax, self.dev))
+        return _f8.Float8TensorBase.wrap(data, data_t, scale_inv, fp8_dtype)
+
+    def add_current_scaling(self, x: torch.Tensor, fp8_dtype: DType, epsilon: float, force_pow_2_scales: bool,
+                            rowwise: bool, columnwise: bool) -> _f8.Float8TensorBase:
+        """As quantize_current_scaling(), run by ``run``."""
+        rows, cols = x.shape
+        data, data_t, scale_inv = _fp8_buffers(rows, cols, x.device, rowwise, columnwise)
+        key = (float(epsilon), bool(force_pow_2_scales))
+        self._current.setdefault(key, []).append((x, rows, cols, fp8_dtype, data, data_t, scale_inv))
+        return _f8.Float8TensorBase.wrap(data, data_t, scale_inv, fp8_dtype)
+
+    def run(self) -> None:
+        """Queues the casts added: one core call for those with a given scale, one for
+        each (epsilon, force_pow_2_scales) of the current-scaling ones."""
+        dev = self.dev
+        if self._inputs:
+            _core.multi_quantize(self._inputs, self._outputs, dev.stream)
+        for (epsilon, pow_2), casts in self._current.items():
+            keep, base = _amax_and_scale_slots(len(casts), dev, casts[0][0].device)  # kept until queued
+            inputs, outputs = [], []
+            for i, (x, rows, cols, fp8_dtype, data, data_t, scale_inv) in enumerate(casts):
+                amax = base + 8 * i
+                inputs.append(_float_desc(x, dev, "x"))
+                outputs.append(_fp8_desc(rows, cols, fp8_dtype, data, data_t, amax + 4, scale_inv, amax, dev))
+            _core.multi_quantize_current_scaling(inputs, outputs, epsilon, pow_2, dev.stream)
 
 
 def dbias_quantize(dy: torch.Tensor, fp8_dtype: DType, scale: int, amax: int, rowwise: bool, columnwise: bool,

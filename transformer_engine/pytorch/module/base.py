@@ -194,10 +194,12 @@ class TransformerEngineBaseModule(torch.nn.Module):
         return state
 
     def fp8_weight(self, name: str, weight: torch.Tensor, dtype: torch.dtype, step: FP8Step, index: int,
-                   is_first_microbatch: Optional[bool], columnwise: bool, dev: CoreDevice) -> Float8TensorBase:
+                   is_first_microbatch: Optional[bool], columnwise: bool, dev: CoreDevice,
+                   group: Optional[module_ops.QuantizeGroup] = None) -> Float8TensorBase:
         """The FP8 copy of weight ``name`` (forward tensor ``index``) for this step: cast now
         when is_first_microbatch is None or True, or the copy cast on the first microbatch
-        when it is False (the weights have not changed since, so the cast is skipped).
+        when it is False (the weights have not changed since, so the cast is skipped). A
+        cast joins ``group`` when given (queued by the caller's ``group.run()``).
         Called inside an autograd.Function's forward (no graph is recorded there)."""
         if isinstance(weight, Float8TensorBase):  # an FP8 parameter (fp8_model_init): already cast
             if columnwise:
@@ -211,7 +213,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
         w = weight.to(dtype) if weight.dtype != dtype else weight
         check_fp8_dims(w, f"the weight {name}")
         w_fp8 = cast_to_fp8(w, step, index, dev, is_weight=True, rowwise=True,
-                            columnwise=columnwise or is_first_microbatch is not None)
+                            columnwise=columnwise or is_first_microbatch is not None, group=group)
         if is_first_microbatch is None:
             if cache:
                 cache.pop(name, None)
@@ -295,20 +297,29 @@ class TransformerEngineBaseModule(torch.nn.Module):
 
 
 def cast_to_fp8(x: torch.Tensor, step: FP8Step, index: int, dev: CoreDevice, *, forward: bool = True,
-                is_weight: bool = False, rowwise: bool = True, columnwise: bool = False) -> Float8TensorBase:
+                is_weight: bool = False, rowwise: bool = True, columnwise: bool = False,
+                group: Optional[module_ops.QuantizeGroup] = None) -> Float8TensorBase:
     """``x`` (2-D, contiguous) in FP8 by the step's recipe, as tensor ``index`` of its
     direction's metadata. Delayed scaling uses the state's scale and raises its current
     amax in the same pass; current scaling computes amax and scale first (both on the
-    device, queued by the same core call)."""
+    device, queued by the same core call). With ``group`` the cast joins it and is
+    queued by its ``run()`` (the caller's, before the result is read)."""
     if step.delayed:
         state = step.fwd_state if forward else step.bwd_state
+        if group is not None:
+            return group.add(x, state.fp8_dtype, state.scale_address(index), state.amax_address(index), rowwise,
+                             columnwise)
         return module_ops.quantize(x, state.fp8_dtype, state.scale_address(index), state.amax_address(index),
                                    rowwise, columnwise, dev)
     recipe = step.recipe
     qparams = (recipe.fp8_quant_bwd_grad if not forward
                else recipe.fp8_quant_fwd_weight if is_weight else recipe.fp8_quant_fwd_inp)
-    return module_ops.quantize_current_scaling(x, get_fp8_te_dtype(recipe, forward), qparams.amax_epsilon,
-                                               qparams.power_2_scale, rowwise, columnwise, dev)
+    fp8_dtype = get_fp8_te_dtype(recipe, forward)
+    if group is not None:
+        return group.add_current_scaling(x, fp8_dtype, qparams.amax_epsilon, qparams.power_2_scale, rowwise,
+                                         columnwise)
+    return module_ops.quantize_current_scaling(x, fp8_dtype, qparams.amax_epsilon, qparams.power_2_scale, rowwise,
+                                               columnwise, dev)
 
 
 def check_fp8_dims(x: torch.Tensor, name: str) -> None:

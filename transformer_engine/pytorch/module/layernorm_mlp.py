@@ -139,11 +139,20 @@ class _LayerNormMLPFunction(torch.autograd.Function):
         b1 = fc1_bias.to(dtype) if fc1_bias is not None and fc1_bias.dtype != dtype else fc1_bias
         b2 = fc2_bias.to(dtype) if fc2_bias is not None and fc2_bias.dtype != dtype else fc2_bias
         w1_grad, w2_grad = fc1_weight.requires_grad, fc2_weight.requires_grad
+        w1_fp8 = w2_fp8 = None
+        if step.fp8:  # both weights' casts in one core call (one launch when they are small)
+            group = module_ops.QuantizeGroup(dev)
+            w1_fp8 = module.fp8_weight("fc1_weight", fc1_weight, dtype, step, 1, is_first_microbatch, True, dev,
+                                       group=group)
+            w2_fp8 = module.fp8_weight("fc2_weight", fc2_weight, dtype, step, 3, is_first_microbatch, True, dev,
+                                       group=group)
+            group.run()
         ln_out, mu, rsigma, saved_ln, saved_w1, fc1_out, act_out, act_fp8 = norm_fc1_activation(
-            module, step, x, ln_weight, ln_bias, fc1_weight, b1, dtype, is_first_microbatch, w1_grad, w2_grad, dev)
+            module, step, x, ln_weight, ln_bias, fc1_weight, b1, dtype, is_first_microbatch, w1_grad, w2_grad, dev,
+            w1_fp8=w1_fp8)
         out, saved_act, saved_w2 = linear_gemm_forward(module, step, act_out, fc2_weight, b2, dtype,
                                                        is_first_microbatch, w2_grad, True, dev, x_fp8=act_fp8,
-                                                       weight_name="fc2_weight", index=2)
+                                                       weight_name="fc2_weight", index=2, w_fp8=w2_fp8)
         if module.checkpoint:
             # Only what the backward needs to run norm -> fc1 -> activation again: the input,
             # the FP8 weights as cast (the same operands; fc2's is its dgrad operand anyway)

@@ -128,12 +128,16 @@ def linear_gemm_forward(module: TransformerEngineBaseModule, step: FP8Step, x: t
                 x = dequantized(x, dtype)
             else:
                 check_fp8_dims(x_fp8._data, "the input")
+        # The input's and the weight's casts, one core call (one launch when both are small).
+        group = module_ops.QuantizeGroup(dev) if x_fp8 is None else None
         if x_fp8 is None:
             check_fp8_dims(x, "the input")
-            x_fp8 = cast_to_fp8(x, step, index, dev, rowwise=True, columnwise=need_wgrad)
+            x_fp8 = cast_to_fp8(x, step, index, dev, rowwise=True, columnwise=need_wgrad, group=group)
         if w_fp8 is None:
             w_fp8 = module.fp8_weight(weight_name, weight, dtype, step, index + 1, is_first_microbatch,
-                                      need_dgrad, dev)
+                                      need_dgrad, dev, group=group)
+        if group is not None:
+            group.run()
         saved_x = columnwise_only(x_fp8) if need_wgrad else None
         if fp8_output:
             out = _fprop_to_fp8(step, w_fp8, x_fp8, bias, dtype, index + 2, dev)

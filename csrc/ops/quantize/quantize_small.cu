@@ -1,0 +1,156 @@
+// Small FP8 casts, a whole tensor to one block. Where a training step's layers are
+// small, the host's time per launch sets the pace, not the GPU's: the usual kernels
+// cost current scaling four launches a cast (a memset, the amax, the scale, the cast)
+// and every cast at least one. Here one block reduces its tensor's amax, computes the
+// scale and casts (current scaling), or casts with the given scale and raises the
+// amax (delayed), and a group of casts (a layer's input and weight) shares one launch,
+// a block each. Same arithmetic as the other cast kernels, bit for bit.
+#include <algorithm>
+
+#include "common/cuda_elements.cuh"
+#include "common/cuda_reduce.cuh"
+#include "common/cuda_utils.h"
+#include "common/dtype.h"
+#include "ops/quantize/quantize_params.h"
+#include "ops/quantize/vector_cast.cuh"
+#include "ops/recipe/scale_math.h"
+
+namespace opente {
+namespace {
+
+// 16384 elements: 64 KiB of fp32 in, four 64 x 64 tiles of 512 threads a pass. Past
+// that, a block alone takes longer than a launch of the many-block kernels costs.
+constexpr int64_t kSmallQuantizeElements = 16384;
+constexpr int kThreads = 512;
+constexpr int kTile = 64;                  // a 64 x 64 tile a pass,
+constexpr int kSegmentsPerRow = kTile / 8;  // each thread one row segment of 8 elements
+static_assert(kThreads == kTile * kSegmentsPerRow, "one segment a thread");
+// Jobs travel in the kernel's parameters (under 1 KiB of the 4 KiB allowed).
+constexpr int kJobsPerLaunch = 8;
+
+struct JobBatch {
+  QuantizeJob jobs[kJobsPerLaunch];
+};
+
+// The block's max of non-negative floats, returned to every thread.
+__device__ __forceinline__ float block_max(float v) {
+  __shared__ float warp_results[kThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  v = warp_max(v);
+  if (lane == 0) warp_results[warp] = v;
+  __syncthreads();
+  return warp_max(lane < kThreads / 32 ? warp_results[lane] : 0.0f);
+}
+
+template <class In, te_dtype Out>
+__global__ void __launch_bounds__(kThreads) quantize_small_kernel(const __grid_constant__ JobBatch batch) {
+  const QuantizeJob& job = batch.jobs[blockIdx.x];
+  const QuantizeParams& p = job.cast;
+  const auto* in = static_cast<const In*>(p.input);
+  const int64_t rows = p.rows, cols = p.cols;
+  float scale;
+  if (job.scale_out) {  // current scaling: the amax first, then the scale from it
+    float amax = 0.0f;
+    const auto* vin = reinterpret_cast<const Vec8<In>*>(in);
+    for (int64_t s = threadIdx.x; s < rows * cols / 8; s += kThreads) {
+      const Vec8<In> x = vin[s];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) amax = fmaxf(amax, fabsf(to_float(x.v[k])));  // fmaxf skips NaN
+    }
+    amax = block_max(amax);
+    scale = current_scale(amax, job.fp8_max, job.epsilon, job.force_pow_2_scales);
+    if (threadIdx.x == 0) {
+      *job.amax_out = amax;
+      *job.scale_out = scale;
+    }
+  } else {
+    scale = *p.scale;
+  }
+
+  // The transposed tile: row c holds column c of the tile, 8 bytes of padding keeping
+  // the 8-byte reads of its rows aligned.
+  __shared__ alignas(8) uint8_t tile_t[kTile][kTile + 8];
+  auto* out = static_cast<uint8_t*>(p.output);
+  auto* out_t = static_cast<uint8_t*>(p.output_t);
+  const int tr = threadIdx.x / kSegmentsPerRow, tc = threadIdx.x % kSegmentsPerRow * 8;
+  float local_amax = 0.0f;
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+      // rows and cols are multiples of 8: a segment is wholly inside or outside
+      const int64_t r = r0 + tr, c = c0 + tc;
+      uint2 q = make_uint2(0u, 0u);
+      if (r < rows && c < cols) {
+        q = cast8_to_fp8<Out>(*reinterpret_cast<const Vec8<In>*>(in + r * cols + c), scale, local_amax);
+        if (out) *reinterpret_cast<uint2*>(out + r * cols + c) = q;
+      }
+      if (out_t) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) tile_t[tc + k][tr] = uint8_t((k < 4 ? q.x : q.y) >> (8 * (k % 4)));
+        __syncthreads();
+        // thread t writes 8 rows' bytes of transposed row (column) t / 8
+        const int tcol = threadIdx.x / kSegmentsPerRow, trow = threadIdx.x % kSegmentsPerRow * 8;
+        if (c0 + tcol < cols && r0 + trow < rows) {
+          *reinterpret_cast<uint2*>(out_t + (c0 + tcol) * rows + r0 + trow) =
+              *reinterpret_cast<const uint2*>(&tile_t[tcol][trow]);
+        }
+        __syncthreads();
+      }
+    }
+  }
+  if (p.amax) block_max_to_global<kThreads>(local_amax, p.amax);
+  if (p.scale_inv && threadIdx.x == 0) *p.scale_inv = 1.0f / scale;
+}
+
+}  // namespace
+
+bool small_quantize_fits(const QuantizeParams& p) {
+  const int64_t n = p.rows * p.cols;
+  return n > 0 && n <= kSmallQuantizeElements && p.rows % 8 == 0 && p.cols % 8 == 0 && is_aligned(p.input, 16) &&
+         is_aligned(p.output, 8) && is_aligned(p.output_t, 8);
+}
+
+void quantize_small_cuda(const QuantizeJob* jobs, int count, int device, void* stream) {
+  if (count == 0) return;
+  DeviceGuard guard(device);
+  const QuantizeParams& first = jobs[0].cast;
+  dispatch_float_dtype(first.in_dtype, [&](auto in_tag) {
+    dispatch_fp8_dtype(first.out_dtype, [&](auto out_tag) {
+      using In = typename CudaType<decltype(in_tag)::value>::type;
+      constexpr te_dtype kOut = decltype(out_tag)::value;
+      for (int begin = 0; begin < count; begin += kJobsPerLaunch) {
+        const int n = std::min(kJobsPerLaunch, count - begin);
+        JobBatch batch{};
+        std::copy(jobs + begin, jobs + begin + n, batch.jobs);
+        quantize_small_kernel<In, kOut><<<n, kThreads, 0, as_stream(stream)>>>(batch);
+        check_launch("quantize_small_kernel");
+      }
+    });
+  });
+}
+
+void multi_quantize_cuda(const QuantizeJob* jobs, int64_t count, int device, void* stream) {
+  // The small jobs of the first one's dtype pair go together (a layer's casts share
+  // their dtypes); every other job is queued on its own, in order.
+  QuantizeJob small[kJobsPerLaunch];
+  int num_small = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const QuantizeJob& job = jobs[i];
+    const bool joins = small_quantize_fits(job.cast) &&
+                       (num_small == 0 || (job.cast.in_dtype == small[0].cast.in_dtype &&
+                                           job.cast.out_dtype == small[0].cast.out_dtype));
+    if (joins) {
+      small[num_small++] = job;
+      if (num_small == kJobsPerLaunch) {
+        quantize_small_cuda(small, num_small, device, stream);
+        num_small = 0;
+      }
+    } else if (job.scale_out) {
+      quantize_current_scaling_cuda(job, device, stream);
+    } else {
+      quantize_cuda(job.cast, device, stream);
+    }
+  }
+  quantize_small_cuda(small, num_small, device, stream);
+}
+
+}  // namespace opente
