@@ -10,7 +10,8 @@
 //    fixed pairwise order) and writes one [2, hidden] row of partial sums to the
 //    workspace. So dz and x are read exactly once.
 // 2. Finalize: threads along hidden add the blocks' partial rows (coalesced) and
-//    write dgamma and dbeta in the weights' dtype.
+//    write dgamma and dbeta in the weights' dtype. A grid of one block (a few rows)
+//    writes them itself instead, and the finalize is not launched.
 // The backward runs one wave (one or two blocks an SM) of at most kNormMaxRowBlocks
 // blocks, so its partial sums fit te_norm_workspace_size's [min(rows, 256), 2, hidden]
 // floats. The sums' order depends on the grid (the GPU's SM count), and is the same
@@ -264,13 +265,27 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads, kSharedSums && kChunks =
   if constexpr (kStaged) wait_all_async_copies();  // the zero-filled copies past the last row
 
   float* out = partials + int64_t(blockIdx.x) * 2 * hidden;  // [2, hidden]; RMSNorm writes the first
+  // A grid of one block (a few rows) holds the whole sums: it writes dgamma / dbeta
+  // itself, rounded once as the finalize rounds a sum of one partial row, and the
+  // finalize kernel is not launched.
+  const bool direct = gridDim.x == 1;
+  // column sum k of [2, hidden]: dgamma's (k < hidden), then dbeta's
+  auto emit = [&](int k, float v) {
+    if (!direct) {
+      out[k] = v;
+    } else if (k < hidden) {
+      store_param(p.dgamma, k, p.w_dtype, v);
+    } else {
+      store_param(p.dbeta, k - hidden, p.w_dtype, v);
+    }
+  };
   if constexpr (kSharedSums) {
     // one row group a block: its sums are the block's, read back in column order
     __syncthreads();
     for (int c = int(threadIdx.x); c < hidden; c += int(blockDim.x)) {
       const int f = tile_index(c, threads_per_row);
-      out[c] = sums[f];
-      if constexpr (kLayerNorm) out[hidden + c] = sums[tile + f];
+      emit(c, sums[f]);
+      if constexpr (kLayerNorm) emit(hidden + c, sums[tile + f]);
     }
   } else {
     // The groups' sums into their slices of shared memory (a group covers every
@@ -297,7 +312,7 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads, kSharedSums && kChunks =
       __syncthreads();
       n = half;
     }
-    for (int k = int(threadIdx.x); k < slice; k += int(blockDim.x)) out[k] = sums[k];
+    for (int k = int(threadIdx.x); k < slice; k += int(blockDim.x)) emit(k, sums[k]);
   }
 }
 
@@ -414,6 +429,7 @@ void norm_bwd_cuda(const NormBwdParams& p, int device, void* workspace, size_t /
     const NormRowShape shape = norm_bwd_row_shape(p.hidden);
     if (shape.in_registers()) {
       slots = launch_rows_kernel(p, shape, device, partials, s);
+      if (slots == 1) return;  // one block wrote dgamma / dbeta itself
     } else {
       norm_bwd_fallback_cuda(p, device, partials, stream);
       slots = norm_row_blocks(p.rows);
