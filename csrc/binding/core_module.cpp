@@ -147,8 +147,11 @@ NB_MODULE(_core, m) {
   m.def(
       "multi_quantize",
       [](const std::vector<te_tensor>& inputs, const std::vector<te_tensor>& outputs, uintptr_t stream) {
-        if (inputs.size() != outputs.size()) throw nb::value_error("multi_quantize: inputs and outputs differ in length");
-        call_core([&] { return te_multi_quantize(inputs.size(), inputs.data(), outputs.data(), as_ptr<void>(stream)); });
+        if (inputs.size() != outputs.size()) {
+          throw nb::value_error("multi_quantize: inputs and outputs differ in length");
+        }
+        call_core(
+            [&] { return te_multi_quantize(inputs.size(), inputs.data(), outputs.data(), as_ptr<void>(stream)); });
       },
       nb::arg("inputs"), nb::arg("outputs"), nb::arg("stream") = 0);
 

@@ -148,7 +148,8 @@ def test_bad_pair_is_named_and_nothing_runs(device, gen):
     bad_x, _ = bad.descriptors()
     with pytest.raises(ValueError, match=r"te_multi_quantize: outputs\[1\]"):
         _core.multi_quantize([x_desc, bad_x], [out, bad_x], stream_of(good.x))  # an input as the output
-    assert (good.data == POISON).all() and good.scale_inv.item() == torch.tensor(1e30).item()  # the good pair did not run
+    # the good pair did not run
+    assert (good.data == POISON).all() and good.scale_inv.item() == torch.tensor(1e30).item()
     with pytest.raises(ValueError, match="inputs and outputs differ in length"):
         _core.multi_quantize([x_desc], [out, out], 0)
     with pytest.raises(ValueError, match="te_multi_quantize_current_scaling: epsilon"):

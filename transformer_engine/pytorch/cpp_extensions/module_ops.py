@@ -29,8 +29,8 @@ import transformer_engine.pytorch.tensor._internal.float8_tensor_base as _f8
 
 __all__ = [
     "CPU", "CUDA", "CoreDevice", "Fp8Output", "core_device", "core_device_at", "cuda_workspace",
-    "quantize", "quantize_current_scaling", "QuantizeGroup", "dbias_quantize", "gemm", "gemm_fp8_output", "gemm_bias_grad",
-    "delayed_scaling_update",
+    "quantize", "quantize_current_scaling", "QuantizeGroup", "dbias_quantize", "gemm", "gemm_fp8_output",
+    "gemm_bias_grad", "delayed_scaling_update",
     "norm_forward", "norm_backward", "activation_forward", "activation_backward", "dact_dbias_quantize",
 ]
 
