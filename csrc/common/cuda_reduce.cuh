@@ -1,5 +1,5 @@
 // Reductions inside kernels: block-wide max of non-negative floats, folded into a
-// global amax with one atomic per block; compensated sums.
+// global amax with one atomic per block or returned to every thread; compensated sums.
 #pragma once
 
 #include <stdint.h>
@@ -32,6 +32,18 @@ __device__ __forceinline__ void block_max_to_global(float v, float* amax) {
     v = warp_max(v);
     if (lane == 0) atomic_max_nonnegative(amax, v);
   }
+}
+
+// The block's max of non-negative floats, returned to every thread (all of them
+// must call it). kThreads is the block size (a multiple of 32, at most 1024).
+template <int kThreads>
+__device__ __forceinline__ float block_max(float v) {
+  __shared__ float warp_results[kThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  v = warp_max(v);
+  if (lane == 0) warp_results[warp] = v;
+  __syncthreads();
+  return warp_max(lane < kThreads / 32 ? warp_results[lane] : 0.0f);
 }
 
 // Compensated (Kahan) summation, for long sequential sums outside the hot loops

@@ -32,16 +32,6 @@ struct JobBatch {
   QuantizeJob jobs[kJobsPerLaunch];
 };
 
-// The block's max of non-negative floats, returned to every thread.
-__device__ __forceinline__ float block_max(float v) {
-  __shared__ float warp_results[kThreads / 32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  v = warp_max(v);
-  if (lane == 0) warp_results[warp] = v;
-  __syncthreads();
-  return warp_max(lane < kThreads / 32 ? warp_results[lane] : 0.0f);
-}
-
 template <class In, te_dtype Out>
 __global__ void __launch_bounds__(kThreads) quantize_small_kernel(const __grid_constant__ JobBatch batch) {
   const QuantizeJob& job = batch.jobs[blockIdx.x];
@@ -57,7 +47,7 @@ __global__ void __launch_bounds__(kThreads) quantize_small_kernel(const __grid_c
 #pragma unroll
       for (int k = 0; k < 8; ++k) amax = fmaxf(amax, fabsf(to_float(x.v[k])));  // fmaxf skips NaN
     }
-    amax = block_max(amax);
+    amax = block_max<kThreads>(amax);
     scale = current_scale(amax, job.fp8_max, job.epsilon, job.force_pow_2_scales);
     if (threadIdx.x == 0) {
       *job.amax_out = amax;
