@@ -304,26 +304,24 @@ NB_MODULE(_core, m) {
       },
       nb::arg("kind"), nb::arg("grad"), nb::arg("input"), nb::arg("dinput"), nb::arg("stream") = 0);
 
-  // groups: (amax_history, scale, scale_inv, history_len, num_scales) per group, pointers as integers.
+  // groups: (amax_history, scale, scale_inv, history_len, num_scales, fp8_dtype) per group, pointers as integers.
   m.def(
       "delayed_scaling_update",
-      [](const std::vector<std::tuple<uintptr_t, uintptr_t, uintptr_t, int64_t, int64_t>>& groups,
-         int32_t amax_compute_algo, int32_t fp8_dtype, float margin, int32_t device_type, int32_t device_index,
-         uintptr_t stream) {
+      [](const std::vector<std::tuple<uintptr_t, uintptr_t, uintptr_t, int64_t, int64_t, int32_t>>& groups,
+         int32_t amax_compute_algo, float margin, int32_t device_type, int32_t device_index, uintptr_t stream) {
         std::vector<te_amax_history_group> descs;
         descs.reserve(groups.size());
-        for (const auto& [history, scale, scale_inv, history_len, num_scales] : groups) {
+        for (const auto& [history, scale, scale_inv, history_len, num_scales, fp8_dtype] : groups) {
           descs.push_back({as_ptr<float>(history), as_ptr<float>(scale), as_ptr<float>(scale_inv), history_len,
-                           num_scales});
+                           num_scales, fp8_dtype});
         }
         call_core([&] {
-          return te_delayed_scaling_update(descs.data(), static_cast<int64_t>(descs.size()), amax_compute_algo,
-                                           fp8_dtype, margin, te_device{device_type, device_index},
-                                           as_ptr<void>(stream));
+          return te_delayed_scaling_update(descs.data(), static_cast<int64_t>(descs.size()), amax_compute_algo, margin,
+                                           te_device{device_type, device_index}, as_ptr<void>(stream));
         });
       },
-      nb::arg("groups"), nb::arg("amax_compute_algo"), nb::arg("fp8_dtype"), nb::arg("margin"),
-      nb::arg("device_type"), nb::arg("device_index"), nb::arg("stream") = 0);
+      nb::arg("groups"), nb::arg("amax_compute_algo"), nb::arg("margin"), nb::arg("device_type"),
+      nb::arg("device_index"), nb::arg("stream") = 0);
 
   bind_softmax(m);
   bind_bias_grad(m);

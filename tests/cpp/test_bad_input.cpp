@@ -342,13 +342,13 @@ TEST(BadInput, ComputeScaleFromAmax) {
 TEST(BadInput, DelayedScalingUpdate) {
   const te_status INV = TE_ERROR_INVALID_ARGUMENT;
   const char* op = "te_delayed_scaling_update";
-  const int32_t MAX = TE_AMAX_COMPUTE_MAX, E4M3 = TE_DTYPE_FLOAT8_E4M3;
+  const int32_t MAX = TE_AMAX_COMPUTE_MAX;
   struct Setup {
     std::vector<float> h0 = {1, 2, 3, 4}, s0 = {5, 6}, h1 = {7, 8, 9}, s1 = {10, 11, 12};
     te_amax_history_group g[2];
     Setup() {
-      g[0] = {h0.data(), s0.data(), nullptr, 2, 2};
-      g[1] = {h1.data(), s1.data(), nullptr, 1, 3};
+      g[0] = {h0.data(), s0.data(), nullptr, 2, 2, TE_DTYPE_FLOAT8_E4M3};
+      g[1] = {h1.data(), s1.data(), nullptr, 1, 3, TE_DTYPE_FLOAT8_E5M2};
     }
     bool untouched() const {
       return h0 == std::vector<float>{1, 2, 3, 4} && s0 == std::vector<float>{5, 6} &&
@@ -360,57 +360,66 @@ TEST(BadInput, DelayedScalingUpdate) {
     std::function<te_status(Setup&)> call;
     std::vector<const char*> parts;
   } cases[] = {
-      {"algo 2", [&](Setup& s) { return te_delayed_scaling_update(s.g, 2, 2, E4M3, 0, cpu(), nullptr); },
+      {"algo 2", [&](Setup& s) { return te_delayed_scaling_update(s.g, 2, 2, 0, cpu(), nullptr); },
        {"amax_compute_algo", "2"}},
-      {"algo -1", [&](Setup& s) { return te_delayed_scaling_update(s.g, 2, -1, E4M3, 0, cpu(), nullptr); },
+      {"algo -1", [&](Setup& s) { return te_delayed_scaling_update(s.g, 2, -1, 0, cpu(), nullptr); },
        {"amax_compute_algo"}},
       {"fp8 bf16",
-       [&](Setup& s) { return te_delayed_scaling_update(s.g, 2, MAX, TE_DTYPE_BFLOAT16, 0, cpu(), nullptr); },
-       {"fp8_dtype", "float8_e4m3 or float8_e5m2", "got bfloat16"}},
-      {"margin nan", [&](Setup& s) { return te_delayed_scaling_update(s.g, 2, MAX, E4M3, NAN, cpu(), nullptr); },
+       [&](Setup& s) {
+         s.g[1].fp8_dtype = TE_DTYPE_BFLOAT16;
+         return te_delayed_scaling_update(s.g, 2, MAX, 0, cpu(), nullptr);
+       },
+       {"groups[1].fp8_dtype", "float8_e4m3 or float8_e5m2", "got bfloat16"}},
+      {"fp8 unset",
+       [&](Setup& s) {
+         s.g[1].fp8_dtype = 0;
+         return te_delayed_scaling_update(s.g, 2, MAX, 0, cpu(), nullptr);
+       },
+       {"groups[1].fp8_dtype", "float8_e4m3 or float8_e5m2"}},
+      {"margin nan", [&](Setup& s) { return te_delayed_scaling_update(s.g, 2, MAX, NAN, cpu(), nullptr); },
        {"margin"}},
-      {"margin inf", [&](Setup& s) { return te_delayed_scaling_update(s.g, 2, MAX, E4M3, INFINITY, cpu(), nullptr); },
+      {"margin inf", [&](Setup& s) { return te_delayed_scaling_update(s.g, 2, MAX, INFINITY, cpu(), nullptr); },
        {"margin"}},
-      {"margin 200", [&](Setup& s) { return te_delayed_scaling_update(s.g, 2, MAX, E4M3, 200, cpu(), nullptr); },
+      {"margin 200", [&](Setup& s) { return te_delayed_scaling_update(s.g, 2, MAX, 200, cpu(), nullptr); },
        {"margin"}},
-      {"margin -200", [&](Setup& s) { return te_delayed_scaling_update(s.g, 2, MAX, E4M3, -200, cpu(), nullptr); },
+      {"margin -200", [&](Setup& s) { return te_delayed_scaling_update(s.g, 2, MAX, -200, cpu(), nullptr); },
        {"margin"}},
-      {"num_groups -1", [&](Setup& s) { return te_delayed_scaling_update(s.g, -1, MAX, E4M3, 0, cpu(), nullptr); },
+      {"num_groups -1", [&](Setup& s) { return te_delayed_scaling_update(s.g, -1, MAX, 0, cpu(), nullptr); },
        {"num_groups", "-1"}},
-      {"groups null", [&](Setup&) { return te_delayed_scaling_update(nullptr, 2, MAX, E4M3, 0, cpu(), nullptr); },
+      {"groups null", [&](Setup&) { return te_delayed_scaling_update(nullptr, 2, MAX, 0, cpu(), nullptr); },
        {"groups", "null"}},
       {"history_len 0",
        [&](Setup& s) {
          s.g[1].history_len = 0;
-         return te_delayed_scaling_update(s.g, 2, MAX, E4M3, 0, cpu(), nullptr);
+         return te_delayed_scaling_update(s.g, 2, MAX, 0, cpu(), nullptr);
        },
        {"groups[1].history_len", "0"}},
       {"history_len -5",
        [&](Setup& s) {
          s.g[1].history_len = -5;
-         return te_delayed_scaling_update(s.g, 2, MAX, E4M3, 0, cpu(), nullptr);
+         return te_delayed_scaling_update(s.g, 2, MAX, 0, cpu(), nullptr);
        },
        {"groups[1].history_len", "-5"}},
       {"num_scales -1",
        [&](Setup& s) {
          s.g[1].num_scales = -1;
-         return te_delayed_scaling_update(s.g, 2, MAX, E4M3, 0, cpu(), nullptr);
+         return te_delayed_scaling_update(s.g, 2, MAX, 0, cpu(), nullptr);
        },
        {"groups[1].num_scales"}},
       {"null history",
        [&](Setup& s) {
          s.g[1].amax_history = nullptr;
-         return te_delayed_scaling_update(s.g, 2, MAX, E4M3, 0, cpu(), nullptr);
+         return te_delayed_scaling_update(s.g, 2, MAX, 0, cpu(), nullptr);
        },
        {"groups[1].amax_history", "null"}},
       {"null scale",
        [&](Setup& s) {
          s.g[1].scale = nullptr;
-         return te_delayed_scaling_update(s.g, 2, MAX, E4M3, 0, cpu(), nullptr);
+         return te_delayed_scaling_update(s.g, 2, MAX, 0, cpu(), nullptr);
        },
        {"groups[1].scale", "null"}},
       {"device type",
-       [&](Setup& s) { return te_delayed_scaling_update(s.g, 2, MAX, E4M3, 0, te_device{4, 0}, nullptr); },
+       [&](Setup& s) { return te_delayed_scaling_update(s.g, 2, MAX, 0, te_device{4, 0}, nullptr); },
        {"device"}},
   };
   for (const auto& c : cases) {
@@ -421,12 +430,12 @@ TEST(BadInput, DelayedScalingUpdate) {
   }
   if (!te_built_with_cuda()) {
     Setup s;
-    EXPECT_TRUE(is_error(te_delayed_scaling_update(s.g, 2, MAX, E4M3, 0, cuda(0), nullptr), TE_ERROR_NOT_IMPLEMENTED,
+    EXPECT_TRUE(is_error(te_delayed_scaling_update(s.g, 2, MAX, 0, cuda(0), nullptr), TE_ERROR_NOT_IMPLEMENTED,
                          op, {"CUDA"}));
     EXPECT_TRUE(s.untouched());
   }
   Setup s;  // the baseline was valid
-  ASSERT_EQ(te_delayed_scaling_update(s.g, 2, MAX, E4M3, 0, cpu(), nullptr), TE_SUCCESS) << last_error();
+  ASSERT_EQ(te_delayed_scaling_update(s.g, 2, MAX, 0, cpu(), nullptr), TE_SUCCESS) << last_error();
   EXPECT_FALSE(s.untouched());
 }
 
@@ -526,8 +535,8 @@ TEST(BadInput, CudaTensorsWithoutCuda) {
   check(te_transpose(&in, &t, nullptr), "te_transpose");
   check(te_compute_scale_from_amax(dev_f, dev_f, dev_f, TE_DTYPE_FLOAT8_E4M3, 0.0f, 0, cuda(0), nullptr),
         "te_compute_scale_from_amax");
-  te_amax_history_group g{dev_f, dev_f, dev_f, 4, 2};
-  check(te_delayed_scaling_update(&g, 1, TE_AMAX_COMPUTE_MAX, TE_DTYPE_FLOAT8_E4M3, 0.0f, cuda(0), nullptr),
+  te_amax_history_group g{dev_f, dev_f, dev_f, 4, 2, TE_DTYPE_FLOAT8_E4M3};
+  check(te_delayed_scaling_update(&g, 1, TE_AMAX_COMPUTE_MAX, 0.0f, cuda(0), nullptr),
         "te_delayed_scaling_update");
 }
 

@@ -142,8 +142,10 @@ struct Group {
   bool with_scale_inv;
   std::vector<float> want_hist, want_scale, want_scale_inv;
 
+  int32_t fp8_dtype;
   te_amax_history_group desc() {
-    return te_amax_history_group{hist.data(), scale.data(), with_scale_inv ? scale_inv.data() : nullptr, len, n};
+    return te_amax_history_group{hist.data(), scale.data(), with_scale_inv ? scale_inv.data() : nullptr, len, n,
+                                 fp8_dtype};
   }
 };
 
@@ -151,10 +153,11 @@ struct Group {
 // row 0 or deeper) and computes the expected update:
 //   amax = max over rows (or row 0); scale = fp8_max / amax / 2^margin if amax
 //   is positive and finite, else unchanged; FLT_MAX on overflow; roll + zero.
-Group make_group(int64_t len, int64_t n, bool with_scale_inv, std::mt19937& rng, bool use_max, float fp8_max,
+Group make_group(int64_t len, int64_t n, bool with_scale_inv, std::mt19937& rng, bool use_max, int32_t fp8_dtype,
                  float margin) {
+  const float fp8_max = fp8_dtype == TE_DTYPE_FLOAT8_E4M3 ? kE4M3Max : kE5M2Max;
   Group g{len, n, std::vector<float>(len * n), std::vector<float>(n), std::vector<float>(n, f32(0xABABABABu)),
-          with_scale_inv, {}, {}, {}};
+          with_scale_inv, {}, {}, {}, fp8_dtype};
   for (auto& v : g.hist) v = std::fabs(random_magnitude(rng, -20, 20));
   for (auto& s : g.scale) s = std::fabs(random_magnitude(rng, -5, 5));
   for (int64_t j = 0; j < n; ++j) {
@@ -209,25 +212,30 @@ void expect_group(const Group& g, int index) {
 }
 
 // Several groups of different history lengths and sizes in one call, both
-// algorithms, both formats, integer, negative and fractional margins.
+// algorithms, both formats (one format for all groups, and the two mixed in one
+// call, as a HYBRID recipe's forward and backward update together), integer,
+// negative and fractional margins.
 TEST(DelayedScaling, ManyGroupsMatchFormula) {
   std::mt19937 rng(2024);
   const struct {
     int64_t len, n;
     bool inv;
   } shapes[] = {{1, 3, true}, {4, 2, true}, {7, 12, false}, {3, 0, true}, {1024, 6, true}, {2, 1, true}};
+  enum Formats { kAllE4M3, kAllE5M2, kMixed };
   for (int32_t algo : {TE_AMAX_COMPUTE_MAX, TE_AMAX_COMPUTE_MOST_RECENT}) {
-    for (int32_t fp8 : {TE_DTYPE_FLOAT8_E4M3, TE_DTYPE_FLOAT8_E5M2}) {
+    for (Formats formats : {kAllE4M3, kAllE5M2, kMixed}) {
       for (float margin : {0.0f, 1.0f, 3.0f, -2.0f, 0.5f}) {
-        SCOPED_TRACE(::testing::Message() << "algo " << algo << " " << dtype_str(te_dtype(fp8)) << " margin "
-                                          << margin);
-        const float fmax = fp8 == TE_DTYPE_FLOAT8_E4M3 ? kE4M3Max : kE5M2Max;
+        SCOPED_TRACE(::testing::Message() << "algo " << algo << " formats " << formats << " margin " << margin);
         std::vector<Group> groups;
-        for (const auto& s : shapes)
-          groups.push_back(make_group(s.len, s.n, s.inv, rng, algo == TE_AMAX_COMPUTE_MAX, fmax, margin));
+        for (size_t i = 0; i < std::size(shapes); ++i) {
+          const bool e4m3 = formats == kAllE4M3 || (formats == kMixed && i % 2 == 0);
+          const auto& s = shapes[i];
+          groups.push_back(make_group(s.len, s.n, s.inv, rng, algo == TE_AMAX_COMPUTE_MAX,
+                                      e4m3 ? TE_DTYPE_FLOAT8_E4M3 : TE_DTYPE_FLOAT8_E5M2, margin));
+        }
         std::vector<te_amax_history_group> descs;
         for (auto& g : groups) descs.push_back(g.desc());
-        ASSERT_EQ(te_delayed_scaling_update(descs.data(), int64_t(descs.size()), algo, fp8, margin, cpu(), nullptr),
+        ASSERT_EQ(te_delayed_scaling_update(descs.data(), int64_t(descs.size()), algo, margin, cpu(), nullptr),
                   TE_SUCCESS)
             << last_error();
         for (size_t i = 0; i < groups.size(); ++i) expect_group(groups[i], int(i));
@@ -242,8 +250,8 @@ TEST(DelayedScaling, HandDerivedValues) {
     SCOPED_TRACE(algo == TE_AMAX_COMPUTE_MAX ? "max" : "most_recent");
     std::vector<float> hist = {2.0f, 0.0f, 5.0f, 8.0f, 0.0f, INFINITY};
     std::vector<float> scale = {3.0f, 3.0f, 3.0f}, scale_inv(3, 0.0f);
-    te_amax_history_group g{hist.data(), scale.data(), scale_inv.data(), 2, 3};
-    ASSERT_EQ(te_delayed_scaling_update(&g, 1, algo, TE_DTYPE_FLOAT8_E4M3, 1.0f, cpu(), nullptr), TE_SUCCESS)
+    te_amax_history_group g{hist.data(), scale.data(), scale_inv.data(), 2, 3, TE_DTYPE_FLOAT8_E4M3};
+    ASSERT_EQ(te_delayed_scaling_update(&g, 1, algo, 1.0f, cpu(), nullptr), TE_SUCCESS)
         << last_error();
     if (algo == TE_AMAX_COMPUTE_MAX) {
       // amax = 8, 0, inf: 448 / 8 / 2 = 28; 0 and inf keep the old scale 3
@@ -266,13 +274,13 @@ TEST(DelayedScaling, RollTwice) {
   for (int64_t i = 0; i < len; ++i)
     for (int64_t j = 0; j < n; ++j) hist[i * n + j] = float(10 * (i + 1) + j);  // row i: 10(i+1)+j
   std::vector<float> scale = {1.0f, 1.0f};
-  te_amax_history_group g{hist.data(), scale.data(), nullptr, len, n};
-  ASSERT_EQ(te_delayed_scaling_update(&g, 1, TE_AMAX_COMPUTE_MAX, TE_DTYPE_FLOAT8_E4M3, 0.0f, cpu(), nullptr),
+  te_amax_history_group g{hist.data(), scale.data(), nullptr, len, n, TE_DTYPE_FLOAT8_E4M3};
+  ASSERT_EQ(te_delayed_scaling_update(&g, 1, TE_AMAX_COMPUTE_MAX, 0.0f, cpu(), nullptr),
             TE_SUCCESS);
   // rows were 10,20,30,40,50 (+j): now 0, 30, 40, 50, 10
   EXPECT_EQ(hist, (std::vector<float>{0, 0, 30, 31, 40, 41, 50, 51, 10, 11}));
   EXPECT_EQ(scale, (std::vector<float>{448.0f / 50.0f, 448.0f / 51.0f}));
-  ASSERT_EQ(te_delayed_scaling_update(&g, 1, TE_AMAX_COMPUTE_MOST_RECENT, TE_DTYPE_FLOAT8_E4M3, 0.0f, cpu(), nullptr),
+  ASSERT_EQ(te_delayed_scaling_update(&g, 1, TE_AMAX_COMPUTE_MOST_RECENT, 0.0f, cpu(), nullptr),
             TE_SUCCESS);
   // the most recent amax is row 0 = 0: scales unchanged
   EXPECT_EQ(scale, (std::vector<float>{448.0f / 50.0f, 448.0f / 51.0f}));
@@ -285,8 +293,8 @@ TEST(DelayedScaling, NanInHistoryKeepsOldScale) {
   // columns: NaN in row 0, NaN in row 1, no NaN (control)
   std::vector<float> hist = {NAN, 5.0f, 4.0f, 5.0f, NAN, 8.0f};
   std::vector<float> scale = {3.0f, 3.0f, 3.0f};
-  te_amax_history_group g{hist.data(), scale.data(), nullptr, 2, 3};
-  ASSERT_EQ(te_delayed_scaling_update(&g, 1, TE_AMAX_COMPUTE_MAX, TE_DTYPE_FLOAT8_E4M3, 0.0f, cpu(), nullptr),
+  te_amax_history_group g{hist.data(), scale.data(), nullptr, 2, 3, TE_DTYPE_FLOAT8_E4M3};
+  ASSERT_EQ(te_delayed_scaling_update(&g, 1, TE_AMAX_COMPUTE_MAX, 0.0f, cpu(), nullptr),
             TE_SUCCESS)
       << last_error();
   EXPECT_EQ(scale, (std::vector<float>{3.0f, 3.0f, 448.0f / 8.0f}));
@@ -295,11 +303,11 @@ TEST(DelayedScaling, NanInHistoryKeepsOldScale) {
 // No groups at all (groups may then be null), and groups with no scales (null
 // buffers allowed).
 TEST(DelayedScaling, EmptyInputs) {
-  EXPECT_EQ(te_delayed_scaling_update(nullptr, 0, TE_AMAX_COMPUTE_MAX, TE_DTYPE_FLOAT8_E4M3, 0.0f, cpu(), nullptr),
+  EXPECT_EQ(te_delayed_scaling_update(nullptr, 0, TE_AMAX_COMPUTE_MAX, 0.0f, cpu(), nullptr),
             TE_SUCCESS)
       << last_error();
-  te_amax_history_group g{nullptr, nullptr, nullptr, 16, 0};
-  EXPECT_EQ(te_delayed_scaling_update(&g, 1, TE_AMAX_COMPUTE_MAX, TE_DTYPE_FLOAT8_E5M2, 0.0f, cpu(), nullptr),
+  te_amax_history_group g{nullptr, nullptr, nullptr, 16, 0, TE_DTYPE_FLOAT8_E5M2};
+  EXPECT_EQ(te_delayed_scaling_update(&g, 1, TE_AMAX_COMPUTE_MAX, 0.0f, cpu(), nullptr),
             TE_SUCCESS)
       << last_error();
 }

@@ -102,18 +102,22 @@ def test_compute_amax_bad_arguments():
 
 def test_recipe_bad_arguments():
     p = S.data_ptr()
+    E4M3 = int(DType.kFloat8E4M3)
     with pytest.raises(ValueError, match=r"^te_compute_scale_from_amax: fp8_dtype must be float8_e4m3"):
         _core.compute_scale_from_amax(p, p, p, int(DType.kFloat32), 0.0, False, CPU, 0)
     with pytest.raises(ValueError, match=r"^te_compute_scale_from_amax: scale must not be null"):
         _core.compute_scale_from_amax(p, 0, p, int(DType.kFloat8E4M3), 0.0, False, CPU, 0)
     with pytest.raises(ValueError, match=r"^te_delayed_scaling_update: amax_compute_algo must be max \(0\)"):
-        _core.delayed_scaling_update([], 5, int(DType.kFloat8E4M3), 0.0, CPU, 0)
+        _core.delayed_scaling_update([], 5, 0.0, CPU, 0)
     with pytest.raises(ValueError, match=r"^te_delayed_scaling_update: groups\[1\]\.amax_history must not be null"):
-        _core.delayed_scaling_update([(p, p, 0, 1, 1), (0, p, 0, 1, 1)], 0, int(DType.kFloat8E4M3), 0.0, CPU, 0)
+        _core.delayed_scaling_update([(p, p, 0, 1, 1, E4M3), (0, p, 0, 1, 1, E4M3)], 0, 0.0, CPU, 0)
+    with pytest.raises(ValueError, match=r"^te_delayed_scaling_update: groups\[1\]\.fp8_dtype must be float8_e4m3 or "
+                       r"float8_e5m2, got bfloat16"):
+        _core.delayed_scaling_update([(p, p, 0, 1, 1, E4M3), (p, p, 0, 1, 1, int(DType.kBFloat16))], 0, 0.0, CPU, 0)
     with pytest.raises(ValueError, match=r"^te_delayed_scaling_update: groups\[0\]\.num_scales must be >= 0"):
-        _core.delayed_scaling_update([(p, p, 0, 1, -1)], 0, int(DType.kFloat8E4M3), 0.0, CPU, 0)
+        _core.delayed_scaling_update([(p, p, 0, 1, -1, E4M3)], 0, 0.0, CPU, 0)
     with pytest.raises(ValueError, match=r"^te_delayed_scaling_update: device device type"):
-        _core.delayed_scaling_update([], 0, int(DType.kFloat8E4M3), 0.0, 9, 0)
+        _core.delayed_scaling_update([], 0, 0.0, 9, 0)
 
 
 def test_too_many_dims_is_rejected_by_the_binding():

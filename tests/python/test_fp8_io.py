@@ -140,8 +140,10 @@ def test_fp8_grad_is_the_input_gradient_in_fp8(device, recipe, cls):
         for p, q in zip(m.parameters(), ref.parameters()):
             assert torch.equal(p.grad, q.grad)
         if recipe.startswith("delayed"):
-            # The backward ended with the scale update, which rolled this step's amaxes to the
-            # last row: the input-gradient slot holds max|dx| (0 without fp8_grad).
+            # The backward ended with the scale update (applied here rather than at the next
+            # autocast exit), which rolled this step's amaxes to the last row: the
+            # input-gradient slot holds max|dx| (0 without fp8_grad).
+            FP8GlobalStateManager.flush_deferred_backward_update()
             torch.testing.assert_close(m._bwd_state.amax_history[-1, 1].item(), dx_ref.float().abs().max().item(),
                                        rtol=REF_REL, atol=0)
             assert ref._bwd_state.amax_history[:, 1].max().item() == 0.0

@@ -195,8 +195,8 @@ def test_delayed_scaling_update(device):
     scale = torch.tensor([1.0, 2.0], device=device)
     scale_inv = torch.empty(2, device=device)
     ref = [t.clone() for t in (hist, scale, scale_inv)]
-    group = (hist.data_ptr(), scale.data_ptr(), scale_inv.data_ptr(), 3, 2)
-    module_ops.delayed_scaling_update([group], E4M3, 1.0, int(_core.AmaxComputeAlgo.MAX), core_device(hist))
+    group = (hist.data_ptr(), scale.data_ptr(), scale_inv.data_ptr(), 3, 2, int(E4M3))
+    module_ops.delayed_scaling_update([group], 1.0, int(_core.AmaxComputeAlgo.MAX), core_device(hist))
     ext.delayed_scaling_update([ref[0]], [ref[1]], [ref[2]], E4M3, margin=1.0, amax_compute_algo="max")
     for g, w in zip((hist, scale, scale_inv), ref):
         assert_same_bits(g, w)

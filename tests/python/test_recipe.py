@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from fp8_reference import FLT_MAX, FP8_DTYPES, FP8_MAX, assert_float_equal, dtype_id, f32, round_down_pow2
-from transformer_engine.pytorch.cpp_extensions import DType, compute_scale_from_amax, delayed_scaling_update
+from transformer_engine import _core
+from transformer_engine.pytorch.cpp_extensions import DType, compute_scale_from_amax, delayed_scaling_update, module_ops
+from transformer_engine.pytorch.cpp_extensions.module_ops import core_device
 
 NAN, INF = float("nan"), float("inf")
 
@@ -132,6 +134,28 @@ def test_delayed_scaling_steps(device, fp8_dtype, algo, margin, with_scale_inv, 
                     invs[i].copy_(new_inv)
         for ref, got in zip(hists + scales + invs, dev[0] + dev[1] + dev[2]):
             assert_float_equal(got, ref)
+
+
+@pytest.mark.parametrize("algo", ["max", "most_recent"])
+def test_delayed_scaling_mixed_formats_in_one_call(device, algo, gen):
+    """Groups of both formats in one core call (a HYBRID recipe's forward and backward
+    update together) equal each group updated alone in its format on the CPU."""
+    hists, scales = make_groups(GROUP_SHAPES, gen)
+    invs = [torch.full_like(s, -1.0) for s in scales]
+    formats = [FP8_DTYPES[i % 2] for i in range(len(hists))]
+    dev = [[t.to(device, copy=True) for t in ts] for ts in (hists, scales, invs)]
+    record_amaxes(hists, gen)
+    for h, dh in zip(hists, dev[0]):
+        dh[0].copy_(h[0])
+    groups = [(h.data_ptr(), s.data_ptr(), inv.data_ptr(), h.shape[0], h.shape[1], int(fmt))
+              for h, s, inv, fmt in zip(*dev, formats)]
+    module_ops.delayed_scaling_update(groups, 1.0, int(_core.AmaxComputeAlgo.MAX if algo == "max" else
+                                                       _core.AmaxComputeAlgo.MOST_RECENT), core_device(dev[0][0]))
+    for i, fmt in enumerate(formats):
+        delayed_scaling_update([hists[i]], [scales[i]], [invs[i]], fmt, margin=1.0, amax_compute_algo=algo)
+    for ref, got in zip(hists + scales + invs, dev[0] + dev[1] + dev[2]):
+        assert_float_equal(got, ref)
+    assert FP8_DTYPES[0] != FP8_DTYPES[1]
 
 
 def run_delayed(history, scale, algo="max", fp8_dtype=DType.kFloat8E4M3, margin=0.0, device="cpu"):

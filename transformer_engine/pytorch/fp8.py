@@ -11,19 +11,23 @@ How delayed scaling runs, as in Transformer Engine:
   the current amaxes are all-reduced (max) over ``fp8_group`` when the recipe says
   ``reduce_amax``, the scales are recomputed from the histories, and the histories roll.
 * The backward states register during the backward pass; the backward of the first FP8
-  module of the autocast (the last backward to run) updates them the same way.
+  module of the autocast (the last backward to run) updates them the same way. That
+  update waits for the next outermost autocast exit and runs in the forward update's
+  launch (one launch a step, not two), or earlier when anything is about to read the
+  backward scales: the next FP8 module's backward, state_dict, load_state_dict,
+  make_graphed_callables (FP8GlobalStateManager.update_backward_states says why).
 * te.checkpoint's recomputation casts with the scales its forward used, records no amax
   and updates nothing (fp8_recompute.py).
 
-Every update runs on the device (one fused core launch per device and FP8 format, plus
-one all-reduce when reducing): nothing here makes the host wait for the GPU.
+Every update runs on the device (one fused core launch per device, both FP8 formats in
+it, plus one all-reduce when reducing): nothing here makes the host wait for the GPU.
 """
 
 from __future__ import annotations
 
 import functools
 from contextlib import contextmanager
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -173,12 +177,16 @@ class DelayedScalingState:
 
     def core_group(self) -> tuple:
         """This state as a group of te_delayed_scaling_update: (history, scale, scale_inv
-        addresses, history_len, num_scales); the buffers are contiguous float32."""
+        addresses, history_len, num_scales, FP8 format); the buffers are contiguous float32."""
         history = self.amax_history
         rows, cols = history.shape
-        return history.data_ptr(), self.scale.data_ptr(), self.scale_inv.data_ptr(), rows, cols
+        return history.data_ptr(), self.scale.data_ptr(), self.scale_inv.data_ptr(), rows, cols, int(self.fp8_dtype)
 
     def state_tensors(self) -> Dict[str, torch.Tensor]:
+        """The buffers, with a deferred backward update applied first (the values as
+        Transformer Engine's order of updates has them)."""
+        if not self.forward:
+            FP8GlobalStateManager.flush_deferred_backward_update()
         return {"amax_history": self.amax_history, "scale": self.scale, "scale_inv": self.scale_inv}
 
     def load_state_tensors(self, tensors: Dict[str, torch.Tensor]) -> None:
@@ -242,28 +250,47 @@ def _update_with_callables(state: DelayedScalingState, recipe: DelayedScaling) -
 _AMAX_COMPUTE_ALGOS = {"max": int(_core.AmaxComputeAlgo.MAX), "most_recent": int(_core.AmaxComputeAlgo.MOST_RECENT)}
 
 
-def update_delayed_scaling(states: List[DelayedScalingState], recipe: DelayedScaling, group=None) -> None:
+def _amax_reduction_needed(group) -> bool:
+    """Whether _reduce_current_amaxes would all-reduce over ``group`` (None: the world)."""
+    return (torch.distributed.is_available() and torch.distributed.is_initialized()
+            and torch.distributed.get_world_size(group) > 1)
+
+
+def _uses_callables(recipe: DelayedScaling) -> bool:
+    return callable(recipe.amax_compute_algo) or recipe.scaling_factor_compute_algo is not None
+
+
+def update_delayed_scaling(states: List[DelayedScalingState], recipe: DelayedScaling, group=None,
+                           reduced_states: Sequence[DelayedScalingState] = ()) -> None:
     """One delayed-scaling step for ``states``: reduce (if the recipe says so), recompute
-    the scales from the histories, roll the histories."""
-    if not states:
+    the scales from the histories, roll the histories. ``reduced_states`` are updated in
+    the same launch without a reduction (a deferred backward update whose amaxes need
+    none); the caller makes sure the recipe's rules (margin, algorithm) are theirs too."""
+    if not states and not reduced_states:
         return
-    if recipe.reduce_amax:
+    if recipe.reduce_amax and states:
         _reduce_current_amaxes(states, group)
-    if callable(recipe.amax_compute_algo) or recipe.scaling_factor_compute_algo is not None:
+    states = list(states) + list(reduced_states)
+    if _uses_callables(recipe):
         for s in states:
             _update_with_callables(s, recipe)
         return
     algo = _AMAX_COMPUTE_ALGOS.get(recipe.amax_compute_algo)
     if algo is None:
         raise ValueError(f"amax_compute_algo must be 'max' or 'most_recent', got {recipe.amax_compute_algo!r}")
-    # One fused launch per (device, format).
-    batches: Dict[Tuple[int, DType], List[DelayedScalingState]] = {}
+    # One fused launch per device: each group names its own format (E4M3 / E5M2).
+    batches: Dict[int, List[DelayedScalingState]] = {}
     for s in states:
-        batches.setdefault((s.scale.get_device(), s.fp8_dtype), []).append(s)
+        batches.setdefault(s.scale.get_device(), []).append(s)
     for batch in batches.values():
-        first = batch[0]
-        module_ops.delayed_scaling_update([s.core_group() for s in batch], first.fp8_dtype, float(recipe.margin),
-                                          algo, module_ops.core_device(first.scale))
+        module_ops.delayed_scaling_update([s.core_group() for s in batch], float(recipe.margin), algo,
+                                          module_ops.core_device(batch[0].scale))
+
+
+def _same_update_rules(a: DelayedScaling, b: DelayedScaling) -> bool:
+    """Whether one update launch can serve states of recipes ``a`` and ``b``."""
+    return a is b or (a.margin == b.margin and a.amax_compute_algo == b.amax_compute_algo
+                      and not _uses_callables(a) and not _uses_callables(b))
 
 
 class FP8GlobalStateManager:
@@ -286,6 +313,10 @@ class FP8GlobalStateManager:
     _backward_states: Dict[int, DelayedScalingState] = {}
     _forward_recipe: Optional[DelayedScaling] = None
     _forward_group = None
+    # A backward update waiting to share the next forward update's launch (see
+    # update_backward_states): its states and their recipe.
+    _deferred_backward: List[DelayedScalingState] = []
+    _deferred_backward_recipe: Optional[DelayedScaling] = None
 
     @classmethod
     def reset(cls) -> None:
@@ -305,6 +336,8 @@ class FP8GlobalStateManager:
         cls._backward_states = {}
         cls._forward_recipe = None
         cls._forward_group = None
+        cls._deferred_backward = []
+        cls._deferred_backward_recipe = None
         fp8_recompute.reset()
 
     # ---- queries ----
@@ -420,17 +453,62 @@ class FP8GlobalStateManager:
     @classmethod
     def reduce_and_update_fp8_tensors(cls, forward: bool = True, recipe: Optional[DelayedScaling] = None,
                                       group=None) -> None:
-        """Updates the registered states of one direction (see the module docstring)."""
+        """Updates the registered states of one direction now (see the module docstring),
+        and a deferred backward update with them, in the same launch where it can."""
         if forward:
             states, cls._forward_states = list(cls._forward_states.values()), {}
             recipe = recipe or cls._forward_recipe
             group = group if group is not None else cls._forward_group
         else:
             states, cls._backward_states = list(cls._backward_states.values()), {}
+        deferred, deferred_recipe = cls._take_deferred_backward()
+        if not states:
+            if deferred:
+                update_delayed_scaling([], deferred_recipe, reduced_states=deferred)
+            return
+        recipe = recipe or states[0].recipe
+        if deferred and not _same_update_rules(recipe, deferred_recipe):
+            update_delayed_scaling([], deferred_recipe, reduced_states=deferred)
+            deferred = []
+        update_delayed_scaling(states, recipe, group, reduced_states=deferred)
+
+    @classmethod
+    def update_backward_states(cls, recipe: Optional[DelayedScaling] = None) -> None:
+        """The end of a backward pass (the backward of the first FP8 module of the
+        autocast): the registered backward states get their update.
+
+        It is deferred, so that it shares the next forward update's launch (at the next
+        outermost autocast exit): a launch made from autograd's device thread costs an
+        eager step more host time than any other op. The scales it writes are read
+        only by backward casts, and every backward (flush_deferred_backward_update at
+        the start of each FP8 module's backward), state_dict, load_state_dict and
+        make_graphed_callables applies a deferred update first, so every cast sees the
+        scales Transformer Engine's order gives. Not deferred when the recipe computes
+        scales with its own callables or its amaxes are all-reduced over more than one
+        rank (an all-reduce at a later point could pair with another rank's collective)."""
+        states, cls._backward_states = list(cls._backward_states.values()), {}
         if not states:
             return
         recipe = recipe or states[0].recipe
-        update_delayed_scaling(states, recipe, group)
+        cls.flush_deferred_backward_update()
+        if _uses_callables(recipe) or (recipe.reduce_amax and _amax_reduction_needed(None)):
+            update_delayed_scaling(states, recipe)
+            return
+        cls._deferred_backward, cls._deferred_backward_recipe = states, recipe
+
+    @classmethod
+    def flush_deferred_backward_update(cls) -> None:
+        """Applies a deferred backward update now, if there is one (see
+        update_backward_states)."""
+        if cls._deferred_backward:
+            deferred, recipe = cls._take_deferred_backward()
+            update_delayed_scaling([], recipe, reduced_states=deferred)
+
+    @classmethod
+    def _take_deferred_backward(cls) -> Tuple[List[DelayedScalingState], Optional[DelayedScaling]]:
+        taken = cls._deferred_backward, cls._deferred_backward_recipe
+        cls._deferred_backward, cls._deferred_backward_recipe = [], None
+        return taken
 
 
 def check_recipe_supported(recipe) -> None:

@@ -180,6 +180,7 @@ def make_graphed_callables(modules, sample_args, num_warmup_iters: int = 3, allo
         _check_inputs(f"the inputs of callable {i}", list(captured.inputs))
     fp8_args = dict(enabled=fp8_enabled, calibrating=fp8_calibrating, fp8_recipe=fp8_recipe, fp8_group=fp8_group)
     training = torch.is_grad_enabled()
+    FP8GlobalStateManager.flush_deferred_backward_update()  # an eager step's, before the states are saved
     saved_fp8 = _snapshot_fp8_states(te_modules)
     mempool = torch.cuda.graph_pool_handle() if pool is None else pool
 
@@ -300,12 +301,14 @@ def _graphed_callable(captured: _CapturedPass) -> Callable:
             for static, grad in zip(grad_outputs, grads):
                 if static is not None and static.data_ptr() != grad.data_ptr():
                     static.copy_(grad)
+            if bwd_states:
+                manager.flush_deferred_backward_update()  # the captured casts read the backward scales
             bwd_graph.replay()
             if bwd_states:
                 for state in bwd_states:
                     manager.add_backward_state(state)
                 if ctx.update_bwd_recipe is not None:
-                    manager.reduce_and_update_fp8_tensors(forward=False, recipe=ctx.update_bwd_recipe)
+                    manager.update_backward_states(ctx.update_bwd_recipe)
             # The captured buffers themselves, not detached views: autograd would take a
             # view over as a leaf's .grad (nothing else holds the view), and the next replay
             # would overwrite that .grad; it copies a tensor something else still holds.

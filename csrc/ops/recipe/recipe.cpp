@@ -36,8 +36,8 @@ extern "C" te_status te_compute_scale_from_amax(const float* amax, float* scale,
 }
 
 extern "C" te_status te_delayed_scaling_update(const te_amax_history_group* groups, int64_t num_groups,
-                                               int32_t amax_compute_algo, int32_t fp8_dtype, float margin,
-                                               te_device device, [[maybe_unused]] void* stream) {
+                                               int32_t amax_compute_algo, float margin, te_device device,
+                                               [[maybe_unused]] void* stream) {
   return run_op("te_delayed_scaling_update", [&] {
     check_device(device, "device");
     OPENTE_CHECK_ARG(num_groups >= 0, "num_groups must be >= 0, got ", num_groups);
@@ -49,6 +49,8 @@ extern "C" te_status te_delayed_scaling_update(const te_amax_history_group* grou
       const te_amax_history_group& grp = groups[g];
       OPENTE_CHECK_ARG(grp.history_len >= 1, "groups[", g, "].history_len must be >= 1, got ", grp.history_len);
       OPENTE_CHECK_ARG(grp.num_scales >= 0, "groups[", g, "].num_scales must be >= 0, got ", grp.num_scales);
+      OPENTE_CHECK_ARG(is_fp8(grp.fp8_dtype), "groups[", g, "].fp8_dtype must be float8_e4m3 or float8_e5m2, got ",
+                       dtype_name(grp.fp8_dtype));
       if (grp.num_scales > 0) {
         OPENTE_CHECK_ARG(grp.amax_history != nullptr, "groups[", g, "].amax_history must not be null");
         OPENTE_CHECK_ARG(grp.scale != nullptr, "groups[", g, "].scale must not be null");
@@ -57,8 +59,7 @@ extern "C" te_status te_delayed_scaling_update(const te_amax_history_group* grou
     const float margin_factor = static_cast<float>(std::exp2(static_cast<double>(margin)));
     OPENTE_CHECK_ARG(margin_factor > 0.0f && std::isfinite(margin_factor), "margin ", margin,
                      " makes 2^margin overflow or underflow fp32");
-    const DelayedScalingParams p{groups, num_groups, amax_compute_algo == TE_AMAX_COMPUTE_MAX,
-                                 checked_fp8_max(fp8_dtype), margin_factor};
+    const DelayedScalingParams p{groups, num_groups, amax_compute_algo == TE_AMAX_COMPUTE_MAX, margin_factor};
     if (device.type == TE_DEVICE_CPU) {
       delayed_scaling_cpu(p);
     } else {

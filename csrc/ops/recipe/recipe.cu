@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "common/cuda_utils.h"
+#include "common/dtype.h"
 #include "ops/recipe/recipe_params.h"
 #include "ops/recipe/scale_math.h"
 
@@ -14,19 +15,21 @@ __global__ void current_scaling_kernel(CurrentScalingParams p) {
   if (p.scale_inv) *p.scale_inv = 1.0f / scale;
 }
 
-// Groups travel by value in the kernel's parameters: 64 groups of 40 bytes
-// stay well inside the 4 KiB parameter space.
+// Groups travel by value in the kernel's parameters, with each group's fp8_max
+// (from its format, looked up on the host): 64 groups of 48 + 4 bytes stay well
+// inside the 4 KiB parameter space.
 constexpr int kGroupsPerLaunch = 64;
 constexpr int kThreads = 256;
 
 struct GroupBatch {
   te_amax_history_group groups[kGroupsPerLaunch];
+  float fp8_max[kGroupsPerLaunch];
 };
 
 // One block per group; each thread owns whole columns (scales) of its history.
-__global__ void __launch_bounds__(kThreads)
-    delayed_scaling_kernel(GroupBatch batch, bool use_max, float fp8_max, float margin_factor) {
+__global__ void __launch_bounds__(kThreads) delayed_scaling_kernel(GroupBatch batch, bool use_max, float margin_factor) {
   const te_amax_history_group g = batch.groups[blockIdx.x];
+  const float fp8_max = batch.fp8_max[blockIdx.x];
   for (int64_t j = threadIdx.x; j < g.num_scales; j += blockDim.x) {
     float* hist = g.amax_history + j;  // column j: element i at hist[i * num_scales]
     const float first = hist[0];
@@ -58,7 +61,8 @@ void delayed_scaling_cuda(const DelayedScalingParams& p, int device, void* strea
     const int count = int(std::min<int64_t>(kGroupsPerLaunch, p.num_groups - first));
     GroupBatch batch{};
     std::copy(p.groups + first, p.groups + first + count, batch.groups);
-    delayed_scaling_kernel<<<count, kThreads, 0, as_stream(stream)>>>(batch, p.use_max, p.fp8_max, p.margin_factor);
+    for (int i = 0; i < count; ++i) batch.fp8_max[i] = fp8_max(te_dtype(batch.groups[i].fp8_dtype));
+    delayed_scaling_kernel<<<count, kThreads, 0, as_stream(stream)>>>(batch, p.use_max, p.margin_factor);
     check_launch("delayed_scaling_kernel");
   }
 }

@@ -20,7 +20,6 @@ struct DelayedScalingParams {
   const te_amax_history_group* groups;  // host array
   int64_t num_groups;
   bool use_max;         // true: max over the history; false: most recent
-  float fp8_max;
   float margin_factor;  // 2^margin, computed once on the host so CPU and GPU divide by the same float
 };
 

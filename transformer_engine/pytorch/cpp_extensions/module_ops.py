@@ -370,10 +370,11 @@ def gemm_bias_grad(A: torch.Tensor, B: torch.Tensor, dev: CoreDevice, out_dtype:
     return out, bias_grad
 
 
-def delayed_scaling_update(groups, fp8_dtype: DType, margin: float, amax_compute_algo: int, dev: CoreDevice) -> None:
+def delayed_scaling_update(groups, margin: float, amax_compute_algo: int, dev: CoreDevice) -> None:
     """One te_delayed_scaling_update launch over ``groups`` (DelayedScalingState.core_group()
-    tuples, all on ``dev``), as cpp_extensions.recipe.delayed_scaling_update."""
-    _core.delayed_scaling_update(groups, amax_compute_algo, int(fp8_dtype), margin, dev.type, dev.index, dev.stream)
+    tuples, all on ``dev``, each naming its FP8 format), as
+    cpp_extensions.recipe.delayed_scaling_update."""
+    _core.delayed_scaling_update(groups, amax_compute_algo, margin, dev.type, dev.index, dev.stream)
 
 
 def norm_forward(layernorm: bool, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], eps: float,

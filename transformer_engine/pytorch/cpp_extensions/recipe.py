@@ -75,7 +75,7 @@ def delayed_scaling_update(
         if scale_invs is not None:
             check_fp32_buffer(scale_invs[i], f"scale_invs[{i}]", first, n)
             scale_inv_ptr = scale_invs[i].data_ptr()
-        groups.append((history.data_ptr(), scale.data_ptr(), scale_inv_ptr, history.shape[0], n))
+        groups.append((history.data_ptr(), scale.data_ptr(), scale_inv_ptr, history.shape[0], n, int(dtype)))
     device_type, device_index = describe(first, "amax_histories[0]").device
-    _core.delayed_scaling_update(groups, int(_ALGOS[amax_compute_algo]), int(dtype), float(margin), device_type,
-                                 device_index, stream_of(first))
+    _core.delayed_scaling_update(groups, int(_ALGOS[amax_compute_algo]), float(margin), device_type, device_index,
+                                 stream_of(first))

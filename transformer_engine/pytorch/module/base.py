@@ -276,6 +276,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
 
     # ---- extra state: the FP8 metadata travels with state_dict ----
     def get_extra_state(self) -> dict:
+        FP8GlobalStateManager.flush_deferred_backward_update()  # the scales as Transformer Engine's order has them
         extra = {}
         for key, state in (("fwd", self._fwd_state), ("bwd", self._bwd_state)):
             if state is not None:
@@ -288,6 +289,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
         if not isinstance(state, dict):
             raise TypeError(f"{type(self).__name__}: extra state must be the dict get_extra_state returns, "
                             f"got {type(state).__name__}")
+        FP8GlobalStateManager.flush_deferred_backward_update()  # not to be applied over the loaded values
         for key in ("fwd", "bwd"):
             current = self._fwd_state if key == "fwd" else self._bwd_state
             if key in state and current is not None:

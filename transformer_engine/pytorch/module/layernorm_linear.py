@@ -29,6 +29,7 @@ from transformer_engine.pytorch.module.linear import (
     finish_backward,
     linear_gemm_backward,
     linear_gemm_forward,
+    start_backward,
     to_2d,
     to_shape,
 )
@@ -86,6 +87,7 @@ class _LayerNormLinearFunction(torch.autograd.Function):
     def backward(ctx, grad_out, grad_ln_out=None):
         (saved_x, saved_w, x, mu, rsigma), ctx.saved = ctx.saved, None
         module, weight = ctx.module, ctx.weight
+        start_backward(ctx.step)
         dev = core_device(grad_out)
         dy = to_2d(grad_out, weight.shape[0], ctx.dtype, keep_fp8=ctx.step.fp8)
         want_dbias = ctx.bias_dtype is not None and ctx.needs_input_grad[4]

@@ -41,6 +41,7 @@ from transformer_engine.pytorch.module.linear import (
     finish_backward,
     linear_gemm_backward,
     linear_gemm_forward,
+    start_backward,
     to_2d,
     to_shape,
 )
@@ -181,6 +182,7 @@ class _LayerNormMLPFunction(torch.autograd.Function):
         ln_weight, fc1_weight, fc2_weight = ctx.weights
         b1_dtype, b2_dtype = ctx.bias_dtypes
         fuse = module.fuse_wgrad_accumulation
+        start_backward(step)
         dev = core_device(grad_out)
         if ctx.recompute is not None:
             mu, rsigma, saved_ln, fc1_out, saved_act = _recompute(ctx, x, saved_w1, dev)

@@ -293,6 +293,14 @@ def _dgrad_to_fp8(step: FP8Step, saved_w: Float8TensorBase, dy_fp8: Float8Tensor
     return cast_to_fp8(dx, step, index, dev, forward=False, rowwise=True, columnwise=False)
 
 
+def start_backward(step: FP8Step) -> None:
+    """Start of a module's backward: a backward update an earlier backward pass left
+    deferred (FP8GlobalStateManager.update_backward_states) is applied before this
+    backward's casts read the scales."""
+    if step.bwd_state is not None:
+        FP8GlobalStateManager.flush_deferred_backward_update()
+
+
 def finish_backward(step: FP8Step) -> None:
     """End of a module's backward: its backward state waits for the update, which the
     first FP8 module of the autocast (whose backward runs last) triggers; not while
@@ -301,7 +309,7 @@ def finish_backward(step: FP8Step) -> None:
         return
     FP8GlobalStateManager.add_backward_state(step.bwd_state)
     if step.first_module and not FP8GlobalStateManager.MAKING_GRAPHS:
-        FP8GlobalStateManager.reduce_and_update_fp8_tensors(forward=False, recipe=step.recipe)
+        FP8GlobalStateManager.update_backward_states(step.recipe)
 
 
 def to_2d(t: torch.Tensor, cols: int, dtype: torch.dtype, keep_fp8: bool = False) -> torch.Tensor:
@@ -351,6 +359,7 @@ class _LinearFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         (saved_x, saved_w, weight, step, dtype, inp_shape, inp_dtype, bias_dtype, fuse_wgrad_accumulation,
          need_wgrad, need_dgrad, delaying_module, fp8_grad), ctx.state = ctx.state, None  # saved tensors go with it
+        start_backward(step)
         dev = core_device(grad_out)  # the stream of the backward, which may differ from the forward's
         dy = to_2d(grad_out, weight.shape[0], dtype, keep_fp8=step.fp8)
         want_dbias = bias_dtype is not None and ctx.needs_input_grad[2]
