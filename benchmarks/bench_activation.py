@@ -12,6 +12,9 @@ Bytes counted, n = rows * hidden (the [hidden] dbias and the scalars left out):
   dswiglu (bwd)              grad 2n + x 4n read, dx 4n written
   dgelu+dbias+cast+transpose grad 2n + x 2n read, dx FP8 n + its transpose n written
   dbias+cast+transpose       grad 2n read, FP8 n + transpose n written
+  the same, current scaling  likewise 4n (the amax is a second read of grad, not counted:
+                             the table shows what that pass costs); "separate" rows are
+                             the cast of te_quantize_current_scaling, then grad.sum(0)
 Ours run through _core with descriptors prepared once (as bench_quantize.py), so the
 times are the kernels'. PyTorch does the same work the plain way: F.gelu(x,
 approximate="tanh") or F.silu(a) * b, then (y.float() * s).to(torch.float8_e4m3fn) for
@@ -92,6 +95,19 @@ def cases(rows: int, hidden: int):
         q8 = to_fp8(grad, torch.float8_e5m2)
         return grad.sum(0), q8, q8.t().contiguous()
 
+    # Current scaling: the scale from grad's amax, computed on the device.
+    cs_scale, cs_amax = torch.empty(1, device=cuda), torch.empty(1, device=cuda)
+    both_e5m2_current = fp8_desc(dev, E5M2, (rows, hidden), q, q_t, cs_scale, scale_inv, cs_amax)
+
+    def torch_dbias_cast_transpose_current():
+        scale = 57344.0 / grad.abs().amax().float()
+        q8 = (grad.float() * scale).to(torch.float8_e5m2)
+        return grad.sum(0), q8, q8.t().contiguous()
+
+    def separate_cast_then_sum():
+        _core.quantize_current_scaling(grad_d, both_e5m2_current, 0.0, False, stream)
+        return grad.sum(0)
+
     gelu_k, swiglu_k = int(A.GELU), int(A.SWIGLU)
     yield ("gelu fwd -> bf16", 4 * n, lambda: _core.activation_fwd(gelu_k, x_d, y_d, stream), lambda: gelu(x))
     yield ("gelu fwd -> FP8", 3 * n, lambda: _core.activation_fwd(gelu_k, x_d, rowwise, stream),
@@ -111,6 +127,12 @@ def cases(rows: int, hidden: int):
     yield ("dbias+cast+transpose (E5M2)", 4 * n,
            lambda: _core.dbias_cast_transpose(grad_d, both_e5m2, dbias_d, ws.data_ptr(), ws_size, stream),
            torch_dbias_cast_transpose)
+    yield ("dbias+cast+transpose, current scaling (E5M2)", 4 * n,
+           lambda: _core.dbias_cast_transpose_current_scaling(grad_d, both_e5m2_current, dbias_d, 0.0, False,
+                                                              ws.data_ptr(), ws_size, stream),
+           torch_dbias_cast_transpose_current)
+    yield ("the same, separate cast and grad.sum(0)", 4 * n, separate_cast_then_sum,
+           torch_dbias_cast_transpose_current)
 
 
 def main():

@@ -32,6 +32,20 @@ void bind_bias_grad(nb::module_& m) {
       nb::arg("grad"), nb::arg("output"), nb::arg("dbias"), nb::arg("workspace") = 0, nb::arg("workspace_size") = 0,
       nb::arg("stream") = 0);
 
+  // The same under current scaling: output.amax and output.scale are written first.
+  m.def(
+      "dbias_cast_transpose_current_scaling",
+      [](const te_tensor& grad, const te_tensor& output, const te_tensor& dbias, float epsilon,
+         bool force_pow_2_scales, uintptr_t workspace, size_t workspace_size, uintptr_t stream) {
+        call_core([&] {
+          return te_dbias_cast_transpose_current_scaling(&grad, &output, &dbias, epsilon, force_pow_2_scales ? 1 : 0,
+                                                         as_ptr<void>(workspace), workspace_size,
+                                                         as_ptr<void>(stream));
+        });
+      },
+      nb::arg("grad"), nb::arg("output"), nb::arg("dbias"), nb::arg("epsilon"), nb::arg("force_pow_2_scales"),
+      nb::arg("workspace") = 0, nb::arg("workspace_size") = 0, nb::arg("stream") = 0);
+
   // dx = activation backward (FP8 or float), dbias = column sums of dx (None: not computed).
   m.def(
       "dact_dbias_cast_transpose",

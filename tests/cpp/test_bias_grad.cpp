@@ -118,6 +118,116 @@ TEST(DbiasCastTranspose, OneDimensionalGradIsOneRow) {
   }
 }
 
+// Current scaling: amax = max|grad| written (the prior value not kept), scale =
+// fp8_max / amax rounded down to a power of two (so grad * scale is exact), the codes
+// and dbias as te_dbias_cast_transpose's with that scale.
+TEST(DbiasCastTransposeCurrentScaling, ScaleFromTheGradThenCast) {
+  const int64_t rows = 24, cols = 40, n = rows * cols;
+  for (te_dtype in_t : kFloatTypes) {
+    for (te_dtype out_t : kFp8Types) {
+      SCOPED_TRACE(::testing::Message() << dtype_str(in_t) << " -> " << dtype_str(out_t));
+      const Format& f = format_of(out_t);
+      Buffer gb(n * elem_size(in_t)), db(cols * elem_size(in_t));
+      const std::vector<float> g = random_inputs(gb, in_t, n, 77 + in_t + out_t);
+      Fp8Out out(out_t, {rows, cols}, n, kBoth, f32(kPoisonBits), 1e30f);
+      te_tensor grad = make_tensor(in_t, {rows, cols}, gb.data());
+      te_tensor dbias = make_tensor(in_t, {cols}, db.data());
+      ASSERT_EQ(te_dbias_cast_transpose_current_scaling(&grad, &out.t, &dbias, 0.0f, 1, nullptr, 0, nullptr),
+                TE_SUCCESS)
+          << last_error();
+      double max_abs = 0;
+      for (float x : g) max_abs = std::max(max_abs, std::fabs(double(x)));
+      EXPECT_EQ(out.amax, float(max_abs));
+      const float fp8_max = out_t == TE_DTYPE_FLOAT8_E4M3 ? 448.0f : 57344.0f;
+      const float want_scale = std::exp2(std::floor(std::log2(fp8_max / float(max_abs))));
+      EXPECT_EQ(out.scale, want_scale);
+      EXPECT_EQ(out.scale_inv, 1.0f / want_scale);
+      int bad = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) {
+          const uint32_t want = ref_encode(f, double(g[r * cols + c]) * want_scale);
+          if ((!same_code(f, out.data.get<uint8_t>(r * cols + c), want) ||
+               !same_code(f, out.data_t.get<uint8_t>(c * rows + r), want)) &&
+              bad++ < 5) {
+            ADD_FAILURE() << "(" << r << ", " << c << "): " << int(out.data.get<uint8_t>(r * cols + c)) << ", want "
+                          << want;
+          }
+        }
+      }
+      EXPECT_EQ(bad, 0);
+      for (int64_t c = 0; c < cols; ++c) {
+        double sum = 0;
+        for (int64_t r = 0; r < rows; ++r) sum += g[r * cols + c];
+        EXPECT_LE(std::fabs(value_at(db, in_t, c) - sum), dbias_bound(sum, 0.0, in_t)) << "dbias[" << c << "]";
+      }
+    }
+  }
+}
+
+// An all-zero gradient: amax 0, so the scale comes from epsilon (448 / 2 = 224, no power
+// of two asked); dbias 0.
+TEST(DbiasCastTransposeCurrentScaling, EpsilonBoundsTheScale) {
+  float g[16] = {}, dbias[8];
+  std::fill(dbias, dbias + 8, 5.0f);
+  uint8_t q[16];
+  float scale = 0.0f, scale_inv = 0.0f, amax = 9.0f;
+  te_tensor grad = make_tensor(TE_DTYPE_FLOAT32, {2, 8}, g);
+  te_tensor out = make_tensor(TE_DTYPE_FLOAT8_E4M3, {2, 8}, q, cpu(), TE_SCALING_PER_TENSOR);
+  out.scale = &scale;
+  out.scale_inv = &scale_inv;
+  out.amax = &amax;
+  te_tensor db = make_tensor(TE_DTYPE_FLOAT32, {8}, dbias);
+  ASSERT_EQ(te_dbias_cast_transpose_current_scaling(&grad, &out, &db, 2.0f, 0, nullptr, 0, nullptr), TE_SUCCESS)
+      << last_error();
+  EXPECT_EQ(amax, 0.0f);
+  EXPECT_EQ(scale, 224.0f);
+  EXPECT_EQ(scale_inv, 1.0f / 224.0f);
+  for (float d : dbias) EXPECT_EQ(d, 0.0f);
+}
+
+TEST(DbiasCastTransposeCurrentScaling, BadInputIsNamedAndWritesNothing) {
+  float g[16] = {1.0f}, dbias[8] = {}, scale = 3.0f, scale_inv = 3.0f, amax = 3.0f;
+  uint8_t q[16] = {};
+  te_tensor grad = make_tensor(TE_DTYPE_FLOAT32, {2, 8}, g);
+  te_tensor db = make_tensor(TE_DTYPE_FLOAT32, {8}, dbias);
+  auto output = [&] {
+    te_tensor out = make_tensor(TE_DTYPE_FLOAT8_E4M3, {2, 8}, q, cpu(), TE_SCALING_PER_TENSOR);
+    out.scale = &scale;
+    out.scale_inv = &scale_inv;
+    out.amax = &amax;
+    return out;
+  };
+  const char* op = "te_dbias_cast_transpose_current_scaling";
+  te_tensor no_amax = output();
+  no_amax.amax = nullptr;
+  EXPECT_TRUE(is_error(te_dbias_cast_transpose_current_scaling(&grad, &no_amax, &db, 0.0f, 0, nullptr, 0, nullptr),
+                       INV, op, {"output.amax"}));
+  te_tensor no_scale = output();
+  no_scale.scale = nullptr;
+  EXPECT_TRUE(is_error(te_dbias_cast_transpose_current_scaling(&grad, &no_scale, &db, 0.0f, 0, nullptr, 0, nullptr),
+                       INV, op, {"output.scale"}));
+  te_tensor out = output();
+  for (float eps : {-1.0f, NAN, INFINITY}) {
+    EXPECT_TRUE(is_error(te_dbias_cast_transpose_current_scaling(&grad, &out, &db, eps, 0, nullptr, 0, nullptr), INV,
+                         op, {"epsilon"}));
+  }
+  te_tensor short_dbias = make_tensor(TE_DTYPE_FLOAT32, {7}, dbias);
+  EXPECT_TRUE(is_error(
+      te_dbias_cast_transpose_current_scaling(&grad, &out, &short_dbias, 0.0f, 0, nullptr, 0, nullptr), INV, op,
+      {"dbias shape"}));
+  EXPECT_EQ(scale, 3.0f);
+  EXPECT_EQ(scale_inv, 3.0f);
+  EXPECT_EQ(amax, 3.0f);
+  for (uint8_t b : q) EXPECT_EQ(b, 0);
+  if (!te_built_with_cuda()) {
+    te_tensor cuda_grad = grad, cuda_out = out, cuda_db = db;
+    cuda_grad.device = cuda_out.device = cuda_db.device = cuda(0);
+    EXPECT_TRUE(is_error(
+        te_dbias_cast_transpose_current_scaling(&cuda_grad, &cuda_out, &cuda_db, 0.0f, 0, nullptr, 0, nullptr), NIMP,
+        op, {"CUDA"}));
+  }
+}
+
 TEST(DactDbiasCastTranspose, EveryKindDtypeAndOutput) {
   const int64_t d0 = 4, d1 = 3, rows = d0 * d1, h = 21;
   const te_dtype outputs[] = {TE_DTYPE_FLOAT32, TE_DTYPE_BFLOAT16, TE_DTYPE_FLOAT8_E4M3, TE_DTYPE_FLOAT8_E5M2};

@@ -5,6 +5,7 @@
  * FP8 (row-wise for dgrad, column-wise for wgrad), and its column sums are the
  * bias gradient. These ops read the gradient once and write all of it:
  *   te_dbias_cast_transpose        dx = grad             (a layer without activation)
+ *   te_dbias_cast_transpose_current_scaling   the same, under current scaling
  *   te_dact_dbias_cast_transpose   dx = the activation backward of te_activation_bwd
  *                                  (opente/activation.h) from the forward's input
  * then dx (computed in fp32) is written row-wise and / or column-wise in FP8 with
@@ -45,6 +46,18 @@ size_t te_dbias_workspace_size(int64_t rows, int64_t cols, te_device device);
  * All on one device. */
 te_status te_dbias_cast_transpose(const te_tensor* grad, const te_tensor* output, const te_tensor* dbias,
                                   void* workspace, size_t workspace_size, void* stream);
+
+/* Current scaling: as te_dbias_cast_transpose, with the output's scale computed first
+ * from grad, on the device, as te_quantize_current_scaling does (opente/quantize.h):
+ * output.amax receives max|grad| (NaNs ignored), output.scale the scale
+ * fp8_max / max(amax, epsilon) (1 when that is 0 or not finite; optionally a power of
+ * two), output.scale_inv (if set) 1/scale; the cast and dbias then use that scale.
+ * Both amax and scale are required and written, not read. epsilon: finite and >= 0.
+ * On the GPU a small gradient (at most 16384 elements, both dimensions multiples of 8,
+ * aligned as a fresh allocation is) takes one launch for all of it. */
+te_status te_dbias_cast_transpose_current_scaling(const te_tensor* grad, const te_tensor* output,
+                                                  const te_tensor* dbias, float epsilon, int force_pow_2_scales,
+                                                  void* workspace, size_t workspace_size, void* stream);
 
 /* kind: a te_activation (opente/activation.h).
  * act_input: the forward's input, [..., cols] float32, float16 or bfloat16; for a

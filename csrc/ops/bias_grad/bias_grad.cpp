@@ -2,6 +2,9 @@
 // reference or the CUDA kernels on grad's device.
 #include "opente/bias_grad.h"
 
+#include <cmath>
+
+#include "common/dtype.h"
 #include "common/error.h"
 #include "common/tensor_checks.h"
 #include "ops/activation/activation_checks.h"
@@ -47,8 +50,10 @@ void run(const DbiasCastParams& p, const te_device& device, [[maybe_unused]] voi
   }
 }
 
-void dbias_cast_transpose(const te_tensor* grad_desc, const te_tensor* output_desc, const te_tensor* dbias_desc,
-                          void* workspace, size_t workspace_size, void* stream) {
+// The checked params of te_dbias_cast_transpose (with the output's amax and scale_inv,
+// which the current-scaling variant takes out again).
+DbiasCastParams checked_dbias_cast(const te_tensor* grad_desc, const te_tensor* output_desc,
+                                   const te_tensor* dbias_desc, void* workspace, size_t workspace_size) {
   const te_tensor& grad = checked_tensor(grad_desc, "grad");
   check_dtype(grad, "grad", is_high_precision_float(grad.dtype), "float32, float16 or bfloat16");
   OPENTE_CHECK_ARG(grad.ndim >= 1, "grad must have at least one dimension, got a scalar");
@@ -79,7 +84,35 @@ void dbias_cast_transpose(const te_tensor* grad_desc, const te_tensor* output_de
   p.hidden = m.cols;
   p.in_dtype = te_dtype(grad.dtype);
   p.out_dtype = te_dtype(out.dtype);
-  run(p, grad.device, workspace, stream);
+  return p;
+}
+
+void dbias_cast_transpose(const te_tensor* grad_desc, const te_tensor* output_desc, const te_tensor* dbias_desc,
+                          void* workspace, size_t workspace_size, void* stream) {
+  const DbiasCastParams p = checked_dbias_cast(grad_desc, output_desc, dbias_desc, workspace, workspace_size);
+  run(p, grad_desc->device, workspace, stream);
+}
+
+void dbias_cast_transpose_current_scaling(const te_tensor* grad_desc, const te_tensor* output_desc,
+                                          const te_tensor* dbias_desc, float epsilon, int force_pow_2_scales,
+                                          void* workspace, size_t workspace_size, [[maybe_unused]] void* stream) {
+  DbiasCurrentScalingParams p{};
+  p.cast = checked_dbias_cast(grad_desc, output_desc, dbias_desc, workspace, workspace_size);
+  check_pointer(output_desc->amax, "output", "amax");
+  OPENTE_CHECK_ARG(std::isfinite(epsilon) && epsilon >= 0.0f, "epsilon must be finite and >= 0, got ", epsilon);
+  p.amax_out = p.cast.amax;  // written, not raised
+  p.scale_out = static_cast<float*>(output_desc->scale);
+  p.scale_inv = p.cast.scale_inv;
+  p.fp8_max = fp8_max(p.cast.out_dtype);
+  p.epsilon = epsilon;
+  p.force_pow_2_scales = force_pow_2_scales != 0;
+  p.cast.amax = nullptr;
+  p.cast.scale_inv = nullptr;
+  if (grad_desc->device.type == TE_DEVICE_CPU) {
+    dbias_cast_current_scaling_cpu(p);
+  } else {
+    OPENTE_CUDA_CALL("grad", dbias_cast_current_scaling_cuda(p, grad_desc->device.index, workspace, stream));
+  }
 }
 
 void dact_dbias_cast_transpose(int32_t kind_arg, const te_tensor* grad_desc, const te_tensor* act_input_desc,
@@ -147,6 +180,16 @@ extern "C" te_status te_dbias_cast_transpose(const te_tensor* grad, const te_ten
                                              void* workspace, size_t workspace_size, void* stream) {
   return run_op("te_dbias_cast_transpose",
                 [&] { dbias_cast_transpose(grad, output, dbias, workspace, workspace_size, stream); });
+}
+
+extern "C" te_status te_dbias_cast_transpose_current_scaling(const te_tensor* grad, const te_tensor* output,
+                                                             const te_tensor* dbias, float epsilon,
+                                                             int force_pow_2_scales, void* workspace,
+                                                             size_t workspace_size, void* stream) {
+  return run_op("te_dbias_cast_transpose_current_scaling", [&] {
+    dbias_cast_transpose_current_scaling(grad, output, dbias, epsilon, force_pow_2_scales, workspace, workspace_size,
+                                         stream);
+  });
 }
 
 extern "C" te_status te_dact_dbias_cast_transpose(int32_t kind, const te_tensor* grad, const te_tensor* act_input,

@@ -10,6 +10,7 @@
 #include "common/dtype.h"
 #include "ops/activation/activation_tile.cuh"
 #include "ops/bias_grad/bias_grad_params.h"
+#include "ops/quantize/quantize_params.h"
 
 namespace opente {
 namespace {
@@ -89,6 +90,26 @@ void dbias_cast_cuda(const DbiasCastParams& p, int device, void* workspace, void
         static_cast<const float*>(workspace), static_cast<T*>(p.dbias), row_blocks, cols);
     check_launch("dbias_finalize_kernel");
   });
+}
+
+void dbias_cast_current_scaling_cuda(const DbiasCurrentScalingParams& p, int device, void* workspace,
+                                     void* stream) {
+  const DbiasCastParams& c = p.cast;
+  QuantizeJob job{QuantizeParams{c.grad, c.output, c.output_t, p.scale_out, p.scale_inv, nullptr, c.rows, c.hidden,
+                                 c.in_dtype, c.out_dtype},
+                  p.amax_out, p.scale_out, p.fp8_max, p.epsilon, p.force_pow_2_scales, c.dbias};
+  if (small_quantize_fits(job.cast)) {
+    quantize_small_cuda(&job, 1, device, stream);  // amax, scale, cast and dbias: one block
+    return;
+  }
+  DeviceGuard guard(device);
+  // amax_cuda raises amax to max(amax, max|x|): start the reduction from 0.
+  cuda_check(cudaMemsetAsync(p.amax_out, 0, sizeof(float), as_stream(stream)), "cudaMemsetAsync(amax)");
+  amax_cuda(AmaxParams{c.grad, p.amax_out, c.rows * c.hidden, c.in_dtype}, device, stream);
+  current_scaling_cuda(CurrentScalingParams{p.amax_out, p.scale_out, p.scale_inv, p.fp8_max, p.epsilon,
+                                            p.force_pow_2_scales},
+                       device, stream);
+  dbias_cast_cuda(c, device, workspace, stream);
 }
 
 }  // namespace opente

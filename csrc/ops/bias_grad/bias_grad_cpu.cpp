@@ -9,6 +9,7 @@
 #include "common/host_elements.h"
 #include "ops/activation/activation_params.h"
 #include "ops/bias_grad/bias_grad_params.h"
+#include "ops/quantize/quantize_params.h"
 
 namespace opente {
 
@@ -64,6 +65,16 @@ void dbias_cast_cpu(const DbiasCastParams& p) {
       dbias_cast_typed<decltype(in_tag)::value, decltype(out_tag)::value>(p);
     });
   });
+}
+
+// The steps of te_quantize_current_scaling's reference, then the cast with dbias.
+void dbias_cast_current_scaling_cpu(const DbiasCurrentScalingParams& p) {
+  const DbiasCastParams& c = p.cast;
+  *p.amax_out = 0.0f;  // a fresh reduction
+  amax_cpu(AmaxParams{c.grad, p.amax_out, c.rows * c.hidden, c.in_dtype});
+  current_scaling_cpu(CurrentScalingParams{p.amax_out, p.scale_out, p.scale_inv, p.fp8_max, p.epsilon,
+                                           p.force_pow_2_scales});
+  dbias_cast_cpu(c);
 }
 
 }  // namespace opente

@@ -35,11 +35,29 @@ struct DbiasCastParams {
   te_dtype out_dtype;     // FP8, or (with an activation) float32, float16, bfloat16
 };
 
+// te_dbias_cast_transpose_current_scaling: grad's amax (a fresh reduction into
+// amax_out), the scale from it (into scale_out, which cast.scale points at, and its
+// inverse into scale_inv), then the cast and dbias of te_dbias_cast_transpose with that
+// scale. cast has no activation and null amax and scale_inv (the steps before write them).
+struct DbiasCurrentScalingParams {
+  DbiasCastParams cast;
+  float* amax_out;
+  float* scale_out;
+  float* scale_inv;  // may be null
+  float fp8_max;     // of cast.out_dtype
+  float epsilon;
+  bool force_pow_2_scales;
+};
+
 void dbias_cast_cpu(const DbiasCastParams& p);
+void dbias_cast_current_scaling_cpu(const DbiasCurrentScalingParams& p);
 
 #if OPENTE_WITH_CUDA
 // `workspace`: dbias_workspace_bytes(rows, cols) bytes when dbias is set.
 void dbias_cast_cuda(const DbiasCastParams& p, int device, void* workspace, void* stream);
+// A small gradient (the one-block casts of quantize_small.cu) in one launch; others in
+// the separate steps' kernels.
+void dbias_cast_current_scaling_cuda(const DbiasCurrentScalingParams& p, int device, void* workspace, void* stream);
 #endif
 
 }  // namespace opente

@@ -58,6 +58,9 @@ struct QuantizeJob {
   float fp8_max;     // current scaling: of cast.out_dtype
   float epsilon;
   bool force_pow_2_scales;
+  // [cols] in cast.in_dtype: the input's column sums (a bias gradient), or null. Only
+  // the one-block kernel takes it (te_dbias_cast_transpose_current_scaling's small case).
+  void* dbias = nullptr;
 };
 
 // The three steps of a current-scaling job, as the separate ops run them.

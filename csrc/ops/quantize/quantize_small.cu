@@ -32,6 +32,35 @@ struct JobBatch {
   QuantizeJob jobs[kJobsPerLaunch];
 };
 
+// dbias[c] = the sum over rows of in[r, c], for the block's whole tensor (rows * cols
+// <= kSmallQuantizeElements, cols a multiple of 8), in a fixed order: each thread adds
+// up an 8-column segment over every groups-th row (at most four rows, as rows * cols is
+// bounded), then the groups' partials of a column are added in group order with a
+// compensated sum, so a long column loses no more than a few roundings.
+template <class In>
+__device__ void column_sums(const In* in, int64_t rows, int64_t cols, In* dbias) {
+  __shared__ float partial[kThreads * 8];  // [groups][cols], groups * cols <= kThreads * 8
+  const int segments = int(cols / 8);      // <= 256: cols <= kSmallQuantizeElements / 8
+  const int groups = kThreads / segments;
+  const int segment = threadIdx.x % segments, group = threadIdx.x / segments;
+  if (group < groups) {
+    float sums[8] = {};
+    for (int64_t r = group; r < rows; r += groups) {
+      const Vec8<In> x = *reinterpret_cast<const Vec8<In>*>(in + r * cols + segment * 8);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) sums[k] += to_float(x.v[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) partial[group * cols + segment * 8 + k] = sums[k];
+  }
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < cols; c += kThreads) {
+    KahanSum total;
+    for (int g = 0; g < groups; ++g) total.add(partial[g * cols + c]);
+    dbias[c] = from_float<In>(total.sum);
+  }
+}
+
 template <class In, te_dtype Out>
 __global__ void __launch_bounds__(kThreads) quantize_small_kernel(const __grid_constant__ JobBatch batch) {
   const QuantizeJob& job = batch.jobs[blockIdx.x];
@@ -87,6 +116,7 @@ __global__ void __launch_bounds__(kThreads) quantize_small_kernel(const __grid_c
       }
     }
   }
+  if (job.dbias) column_sums(in, rows, cols, static_cast<In*>(job.dbias));
   if (p.amax) block_max_to_global<kThreads>(local_amax, p.amax);
   if (p.scale_inv && threadIdx.x == 0) *p.scale_inv = 1.0f / scale;
 }

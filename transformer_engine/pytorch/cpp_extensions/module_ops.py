@@ -30,7 +30,7 @@ import transformer_engine.pytorch.tensor._internal.float8_tensor_base as _f8
 __all__ = [
     "CPU", "CUDA", "CoreDevice", "Fp8Output", "core_device", "core_device_at", "cuda_workspace",
     "quantize", "quantize_current_scaling", "QuantizeGroup", "dbias_quantize", "gemm", "gemm_fp8_output",
-    "gemm_bias_grad", "delayed_scaling_update",
+    "gemm_bias_grad", "delayed_scaling_update", "dbias_quantize_current_scaling",
     "norm_forward", "norm_backward", "activation_forward", "activation_backward", "dact_dbias_quantize",
 ]
 
@@ -265,6 +265,29 @@ def dbias_quantize(dy: torch.Tensor, fp8_dtype: DType, scale: int, amax: int, ro
     _core.dbias_cast_transpose(_float_desc(dy, dev, "grad"),
                                _fp8_desc(rows, cols, fp8_dtype, data, data_t, scale, scale_inv, amax, dev),
                                _float_desc(dbias, dev, "dbias"), ws_ptr, ws_size, dev.stream)
+    return dbias, _f8.Float8TensorBase.wrap(data, data_t, scale_inv, fp8_dtype)
+
+
+def dbias_quantize_current_scaling(dy: torch.Tensor, fp8_dtype: DType, epsilon: float, force_pow_2_scales: bool,
+                                   rowwise: bool, columnwise: bool,
+                                   dev: CoreDevice) -> Tuple[torch.Tensor, _f8.Float8TensorBase]:
+    """(dbias, dy in FP8) of a 2-D gradient under current scaling, queued by one core call
+    (te_dbias_cast_transpose_current_scaling; one launch for a small dy)."""
+    rows, cols = dy.shape
+    device = dy.device
+    data, data_t, scale_inv = _fp8_buffers(rows, cols, device, rowwise, columnwise)
+    dbias = torch.empty(cols, dtype=dy.dtype, device=device)
+    ws_size = _core.dbias_workspace_size(rows, cols, dev.type, dev.index)
+    if dev.type == CUDA:  # the op's workspace, then its amax and scale, in the stream's scratch
+        slots = (ws_size + 15) // 16 * 16
+        keep, ws_ptr = _scratch(slots + 8, dev, device)
+        amax = ws_ptr + slots
+    else:
+        keep, amax = _amax_and_scale_slots(1, dev, device)
+        ws_ptr = 0
+    _core.dbias_cast_transpose_current_scaling(
+        _float_desc(dy, dev, "grad"), _fp8_desc(rows, cols, fp8_dtype, data, data_t, amax + 4, scale_inv, amax, dev),
+        _float_desc(dbias, dev, "dbias"), float(epsilon), bool(force_pow_2_scales), ws_ptr, ws_size, dev.stream)
     return dbias, _f8.Float8TensorBase.wrap(data, data_t, scale_inv, fp8_dtype)
 
 

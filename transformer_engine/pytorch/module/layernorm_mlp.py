@@ -86,7 +86,9 @@ def activation_backward(step: FP8Step, activation: str, d_act: torch.Tensor, fc1
     """(high-precision dx or None, FP8 dx or None, fc1's bias gradient or None) from the
     activation output's gradient. Delayed scaling: one kernel computes the activation
     gradient, its column sums (fc1's bias gradient) and the FP8 cast in both layouts
-    (backward tensor 1), reading d_act and fc1_out once."""
+    (backward tensor 1), reading d_act and fc1_out once. Current scaling (whose cast needs
+    dx's amax first) returns dx alone: fc1's backward sums it with its cast
+    (bias_with_the_cast)."""
     kind = ACTIVATIONS[activation][0]
     if step.fp8 and step.delayed:
         state = step.bwd_state
@@ -94,7 +96,15 @@ def activation_backward(step: FP8Step, activation: str, d_act: torch.Tensor, fc1
         dbias, dx_fp8 = module_ops.dact_dbias_quantize(kind, d_act, fc1_out, fp8, want_dbias, dev)
         return None, dx_fp8, dbias
     dx = module_ops.activation_backward(kind, d_act, fc1_out, dev)
+    if bias_with_the_cast(step):
+        return dx, None, None
     return dx, None, (dx.sum(0) if want_dbias else None)
+
+
+def bias_with_the_cast(step: FP8Step) -> bool:
+    """Whether fc1's bias gradient comes from the cast of fc1's output gradient (current
+    scaling: te_dbias_cast_transpose_current_scaling) rather than from the activation."""
+    return step.fp8 and not step.delayed
 
 
 def norm_fc1_activation(module: "LayerNormMLP", step: FP8Step, x: torch.Tensor, ln_weight, ln_bias, fc1_weight, b1,
@@ -200,9 +210,13 @@ class _LayerNormMLPFunction(torch.autograd.Function):
                                                  fc2_weight.requires_grad, True, fuse, dev, index=0,
                                                  want_dbias=want_b2, defer_to=fc2_target)
         d_fc1_out, d_fc1_fp8, d_b1 = activation_backward(step, module.activation, d_act, fc1_out, want_b1, dev)
-        d_ln_out, d_w1, _ = linear_gemm_backward(step, d_fc1_out, saved_ln, saved_w1, fc1_weight, dtype,
-                                                 fc1_weight.requires_grad, True, fuse, dev, index=1,
-                                                 dy_fp8=d_fc1_fp8, defer_to=fc1_target)
+        b1_with_cast = want_b1 and bias_with_the_cast(step)
+        d_ln_out, d_w1, d_b1_cast = linear_gemm_backward(step, d_fc1_out, saved_ln, saved_w1, fc1_weight, dtype,
+                                                         fc1_weight.requires_grad, True, fuse, dev, index=1,
+                                                         dy_fp8=d_fc1_fp8, defer_to=fc1_target,
+                                                         want_dbias=b1_with_cast)
+        if b1_with_cast:
+            d_b1 = d_b1_cast
         if fc2_target is not None:
             module.wgrad_store.put(fc2_target.entry)
         d_b1 = d_b1.to(b1_dtype) if d_b1 is not None else None

@@ -17,7 +17,7 @@ import torch
 
 from transformer_engine.pytorch.cpp_extensions import general_gemm, module_ops
 from transformer_engine.pytorch.cpp_extensions.module_ops import CUDA, CoreDevice, core_device, core_device_at
-from transformer_engine.pytorch.fp8 import FP8GlobalStateManager
+from transformer_engine.pytorch.fp8 import FP8GlobalStateManager, get_fp8_te_dtype
 from transformer_engine.pytorch.tensor import Float8TensorBase
 from transformer_engine.pytorch.module._fp8_io import (
     GRAD_INPUT_INDEX,
@@ -184,14 +184,19 @@ def _fprop_to_fp8(step: FP8Step, w_fp8: Float8TensorBase, x_fp8: Float8TensorBas
 def _cast_grad(step: FP8Step, dy: torch.Tensor, index: int, want_dbias: bool, need_dgrad: bool, need_wgrad: bool,
                dev: CoreDevice):
     """(dbias or None, dy in FP8 or None) for the backward GEMMs: the layouts they read
-    (row-wise for dgrad, column-wise for wgrad), nothing when neither runs. Under delayed
-    scaling dbias comes from the same pass as the cast."""
+    (row-wise for dgrad, column-wise for wgrad), nothing when neither runs. dbias comes
+    from the same core call as the cast (one pass over dy, or one launch for a small dy)."""
     if not (need_dgrad or need_wgrad):
         return (dy.sum(0) if want_dbias else None), None
     if want_dbias and step.delayed:
         state = step.bwd_state
         return module_ops.dbias_quantize(dy, state.fp8_dtype, state.scale_address(index), state.amax_address(index),
                                          need_dgrad, need_wgrad, dev)
+    if want_dbias:  # current scaling
+        recipe = step.recipe
+        qparams = recipe.fp8_quant_bwd_grad
+        return module_ops.dbias_quantize_current_scaling(dy, get_fp8_te_dtype(recipe, False), qparams.amax_epsilon,
+                                                         qparams.power_2_scale, need_dgrad, need_wgrad, dev)
     dy_fp8 = cast_to_fp8(dy, step, index, dev, forward=False, rowwise=need_dgrad, columnwise=need_wgrad)
     return (dy.sum(0) if want_dbias else None), dy_fp8
 
