@@ -6,7 +6,7 @@ backward update runs at the end of the backward pass."""
 import numpy as np
 import pytest
 import torch
-from conftest import DEVICES
+from conftest import DEVICES, requires_cuda
 
 import transformer_engine.pytorch as te
 from transformer_engine.common.recipe import DelayedScaling, Format
@@ -219,3 +219,66 @@ def test_one_update_launch_a_training_step(device, update_calls):
         # Step 0 has no deferred backward update yet; later steps' exits carry the last one's.
         assert len(update_calls) == 1
         assert len(update_calls[0]) == (2 if step == 0 else 4)
+
+
+def test_no_deferral_while_a_graph_is_captured(monkeypatch, update_calls):
+    """Inside a capture the backward update runs at once (captured, so each replay makes
+    it), and an eager step's waiting update is not put into the graph (each replay would
+    repeat it on top of the captured one)."""
+    from transformer_engine.pytorch import fp8
+
+    recipe = DelayedScaling()
+    eager_left = DelayedScalingState(1, recipe, forward=False, device="cpu")
+    manager.add_backward_state(eager_left)
+    manager.update_backward_states(recipe)
+    assert manager._deferred_backward == [eager_left]
+    monkeypatch.setattr(fp8, "_capturing", lambda: True)
+    captured = DelayedScalingState(1, recipe, forward=False, device="cpu")
+    manager.add_backward_state(captured)
+    manager.update_backward_states(recipe)
+    assert [len(groups) for groups in update_calls] == [1], "the captured backward's update, at once"
+    assert update_calls[0][0][0] == captured.amax_history.data_ptr()
+    with fp8_autocast(fp8_recipe=recipe):
+        pass
+    assert len(update_calls) == 1 and not manager._deferred_backward
+
+
+@requires_cuda
+def test_a_captured_step_keeps_its_backward_update():
+    """torch.cuda.graph of a whole FP8 step: each replay makes the forward and the backward
+    update, and matches the eager steps of a twin bit for bit."""
+    recipe = DelayedScaling(amax_history_len=3)
+    graphed, eager = make_stack("cuda"), make_stack("cuda")
+    gen = torch.Generator().manual_seed(9)
+    xs = [(torch.randn(32, 64, generator=gen) * s).cuda() for s in (1.0, 4.0, 0.5, 2.0)]
+    gs = [(torch.randn(32, 64, generator=gen) * s).cuda() for s in (0.5, 8.0, 1.0, 3.0)]
+    static_x, static_g = xs[0].clone().requires_grad_(), gs[0].clone()
+
+    def step(model, x, g):
+        with fp8_autocast(fp8_recipe=recipe):
+            y = model(x)
+        y.backward(g)
+        return y
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up, as torch.cuda.graph asks
+        step(graphed, static_x, static_g)
+    torch.cuda.current_stream().wait_stream(side)
+    step(eager, xs[0].clone().requires_grad_(), gs[0])
+    # Both updates now: one still waiting would be left out of the capture (dropped).
+    manager.flush_deferred_backward_update()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = step(graphed, static_x, static_g)
+    for x, g in zip(xs[1:], gs[1:]):
+        with torch.no_grad():
+            static_x.copy_(x)
+            static_g.copy_(g)
+        graph.replay()
+        y = step(eager, x.clone().requires_grad_(), g)
+        assert torch.equal(static_y, y)
+        for m_graphed, m_eager in ((graphed.lin, eager.lin), (graphed.mlp, eager.mlp)):
+            for a, b in ((m_graphed._fwd_state, m_eager._fwd_state), (m_graphed._bwd_state, m_eager._bwd_state)):
+                for t_graphed, t_eager in zip(a.state_tensors().values(), b.state_tensors().values()):
+                    assert torch.equal(t_graphed, t_eager)

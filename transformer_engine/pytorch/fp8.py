@@ -287,6 +287,11 @@ def update_delayed_scaling(states: List[DelayedScalingState], recipe: DelayedSca
                                           module_ops.core_device(batch[0].scale))
 
 
+def _capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (torch.cuda.graph)."""
+    return _cuda_available() and torch.cuda.is_current_stream_capturing()
+
+
 def _same_update_rules(a: DelayedScaling, b: DelayedScaling) -> bool:
     """Whether one update launch can serve states of recipes ``a`` and ``b``."""
     return a is b or (a.margin == b.margin and a.amax_compute_algo == b.amax_compute_algo
@@ -461,7 +466,7 @@ class FP8GlobalStateManager:
             group = group if group is not None else cls._forward_group
         else:
             states, cls._backward_states = list(cls._backward_states.values()), {}
-        deferred, deferred_recipe = cls._take_deferred_backward()
+        deferred, deferred_recipe = cls._take_deferred_backward(applying=True)
         if not states:
             if deferred:
                 update_delayed_scaling([], deferred_recipe, reduced_states=deferred)
@@ -484,14 +489,17 @@ class FP8GlobalStateManager:
         the start of each FP8 module's backward), state_dict, load_state_dict and
         make_graphed_callables applies a deferred update first, so every cast sees the
         scales Transformer Engine's order gives. Not deferred when the recipe computes
-        scales with its own callables or its amaxes are all-reduced over more than one
-        rank (an all-reduce at a later point could pair with another rank's collective)."""
+        scales with its own callables, when its amaxes are all-reduced over more than one
+        rank (an all-reduce at a later point could pair with another rank's collective),
+        or while a CUDA graph is being captured (the captured backward keeps its update,
+        so that each replay makes it)."""
         states, cls._backward_states = list(cls._backward_states.values()), {}
         if not states:
             return
         recipe = recipe or states[0].recipe
         cls.flush_deferred_backward_update()
-        if _uses_callables(recipe) or (recipe.reduce_amax and _amax_reduction_needed(None)):
+        if (_uses_callables(recipe) or (recipe.reduce_amax and _amax_reduction_needed(None))
+                or _capturing()):
             update_delayed_scaling(states, recipe)
             return
         cls._deferred_backward, cls._deferred_backward_recipe = states, recipe
@@ -501,13 +509,23 @@ class FP8GlobalStateManager:
         """Applies a deferred backward update now, if there is one (see
         update_backward_states)."""
         if cls._deferred_backward:
-            deferred, recipe = cls._take_deferred_backward()
-            update_delayed_scaling([], recipe, reduced_states=deferred)
+            deferred, recipe = cls._take_deferred_backward(applying=True)
+            if deferred:
+                update_delayed_scaling([], recipe, reduced_states=deferred)
 
     @classmethod
-    def _take_deferred_backward(cls) -> Tuple[List[DelayedScalingState], Optional[DelayedScaling]]:
+    def _take_deferred_backward(cls, applying: bool = False
+                                ) -> Tuple[List[DelayedScalingState], Optional[DelayedScaling]]:
+        """Removes and returns the deferred update. One left by an eager step is not
+        applied inside a CUDA graph capture (torch.cuda.graph; make_graphed_callables
+        applies it before it captures): every replay would repeat it, on top of the
+        update the captured backward makes. It is dropped there, so the capture's first
+        update folds that eager step's amaxes into its own (row 0 of each history keeps
+        them): the scales lag Transformer Engine's by that one update."""
         taken = cls._deferred_backward, cls._deferred_backward_recipe
         cls._deferred_backward, cls._deferred_backward_recipe = [], None
+        if applying and taken[0] and _capturing():
+            return [], None
         return taken
 
 
