@@ -2,7 +2,8 @@
 PyTorch BF16 layers of the same shape, and the host (CPU) time of a te.Linear forward +
 backward at a tiny shape against nn.Linear, in one run.
 
-    python3 benchmarks/bench_modules.py          # needs a CUDA GPU
+    python3 benchmarks/bench_modules.py                    # needs a CUDA GPU
+    python3 benchmarks/bench_modules.py --recipe current   # Float8CurrentScaling instead
 
 GPU time: CUDA events around each step (alternating rounds, medians). Host time: wall
 time per call of a tiny layer whose kernels take a few microseconds, so the host's work
@@ -19,14 +20,15 @@ import torch.nn.functional as F
 from timing import time_pair_us
 
 import transformer_engine.pytorch as te
-from transformer_engine.common.recipe import DelayedScaling
+from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling
 
-RECIPE = DelayedScaling(amax_history_len=16)
+RECIPES = {"delayed": DelayedScaling(amax_history_len=16), "current": Float8CurrentScaling()}
 
 
-def training_step(module, x, grad, fp8: bool):
+def training_step(module, x, grad, recipe):
+    """One forward + backward, in FP8 with ``recipe`` (None: without FP8)."""
     def step():
-        with te.fp8_autocast(enabled=fp8, fp8_recipe=RECIPE):
+        with te.fp8_autocast(enabled=recipe is not None, fp8_recipe=recipe):
             y = module(x)
         y.backward(grad)
     return step
@@ -63,9 +65,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--hidden", type=int, default=4096)
     parser.add_argument("--ffn", type=int, default=16384)
+    parser.add_argument("--recipe", default="delayed", choices=tuple(RECIPES))
     args = parser.parse_args()
+    recipe = RECIPES[args.recipe]
     t, h, f = args.tokens, args.hidden, args.ffn
-    print(f"device: {torch.cuda.get_device_name()}  tokens {t}, hidden {h}, ffn {f}, bf16 params")
+    print(f"device: {torch.cuda.get_device_name()}  tokens {t}, hidden {h}, ffn {f}, bf16 params, "
+          f"{type(recipe).__name__}")
     print("| layer | OpenTE FP8 step ms | PyTorch BF16 step ms | speed-up | TFLOP/s (FP8) |")
     print("|---|---|---|---|---|")
     x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -73,7 +78,7 @@ def main() -> None:
     lin = te.Linear(h, f, params_dtype=torch.bfloat16, device="cuda")
     ref_lin = torch.nn.Linear(h, f, device="cuda", dtype=torch.bfloat16)
     grad = torch.randn(t, f, device="cuda", dtype=torch.bfloat16)
-    ours, theirs = time_pair_us(training_step(lin, x, grad, True), training_step(ref_lin, x, grad, False),
+    ours, theirs = time_pair_us(training_step(lin, x, grad, recipe), training_step(ref_lin, x, grad, None),
                                 args.iters)
     flops = 3 * 2 * t * h * f
     print(f"| Linear {h}->{f} | {ours / 1e3:.2f} | {theirs / 1e3:.2f} | {theirs / ours:.2f}x | "
@@ -83,7 +88,7 @@ def main() -> None:
     mlp = te.LayerNormMLP(h, f, params_dtype=torch.bfloat16, device="cuda")
     ref_mlp = TorchMLP(h, f)
     grad = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
-    ours, theirs = time_pair_us(training_step(mlp, x, grad, True), training_step(ref_mlp, x, grad, False),
+    ours, theirs = time_pair_us(training_step(mlp, x, grad, recipe), training_step(ref_mlp, x, grad, None),
                                 args.iters)
     flops = 2 * 3 * 2 * t * h * f
     print(f"| LayerNormMLP {h}/{f} | {ours / 1e3:.2f} | {theirs / 1e3:.2f} | {theirs / ours:.2f}x | "
@@ -96,9 +101,9 @@ def main() -> None:
     gs = torch.randn(16, 64, device="cuda")
     small, ref_small = te.Linear(64, 64, device="cuda"), torch.nn.Linear(64, 64, device="cuda")
     results = {
-        "nn.Linear": host_time_us(training_step(ref_small, xs, gs, False), 2000),
-        "te.Linear (no FP8)": host_time_us(training_step(small, xs, gs, False), 2000),
-        "te.Linear (FP8)": host_time_us(training_step(small, xs, gs, True), 2000),
+        "nn.Linear": host_time_us(training_step(ref_small, xs, gs, None), 2000),
+        "te.Linear (no FP8)": host_time_us(training_step(small, xs, gs, None), 2000),
+        "te.Linear (FP8)": host_time_us(training_step(small, xs, gs, recipe), 2000),
     }
     for name, us in results.items():
         print(f"| {name} | {us:.1f} ({us / results['nn.Linear']:.2f}x nn.Linear) |")

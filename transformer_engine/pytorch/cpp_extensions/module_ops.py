@@ -211,11 +211,15 @@ class QuantizeGroup:
     are one kernel launch (te_multi_quantize): a small layer's input and weight, where a
     launch costs more host time than the kernel takes on the device."""
 
-    __slots__ = ("dev", "_inputs", "_outputs", "_current")
+    __slots__ = ("dev", "_sources", "_inputs", "_outputs", "_current")
 
     def __init__(self, dev: CoreDevice):
         self.dev = dev
-        self._inputs, self._outputs = [], []  # casts with a given scale (delayed scaling)
+        # Casts with a given scale (delayed scaling): the input tensors themselves are
+        # held until run(), as their descriptors hold only addresses (an input made for
+        # the cast, such as a weight converted to the autocast dtype, would otherwise be
+        # freed, and its memory reused, before the cast reads it).
+        self._sources, self._inputs, self._outputs = [], [], []
         # (epsilon, force_pow_2_scales) -> [(x, rows, cols, fp8_dtype, data, data_t, scale_inv)]
         self._current: Dict[Tuple[float, bool], list] = {}
 
@@ -224,6 +228,7 @@ class QuantizeGroup:
         """As quantize(), run by ``run``."""
         rows, cols = x.shape
         data, data_t, scale_inv = _fp8_buffers(rows, cols, x.device, rowwise, columnwise)
+        self._sources.append(x)
         self._inputs.append(_float_desc(x, self.dev, "x"))
         self._outputs.append(_fp8_desc(rows, cols, fp8_dtype, data, data_t, scale, scale_inv, amax, self.dev))
         return _f8.Float8TensorBase.wrap(data, data_t, scale_inv, fp8_dtype)

@@ -1,0 +1,45 @@
+"""FP8 modules with float32 parameters under torch.autocast(bfloat16), as Lightning and
+the main job run them: the weights are converted to bf16 for the step and cast to FP8
+from those temporaries. The result must equal that of the same module whose parameters
+are already the bf16 values (no autocast), bit for bit: the casts must read the converted
+weights, not memory freed and reused before a grouped cast ran (QuantizeGroup)."""
+
+import copy
+
+import pytest
+import torch
+from conftest import DEVICES
+
+import transformer_engine.pytorch as te
+from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling
+
+MODULES = {
+    "Linear": lambda device: te.Linear(64, 64, device=device),
+    "LayerNormLinear": lambda device: te.LayerNormLinear(64, 64, device=device),
+    "LayerNormMLP": lambda device: te.LayerNormMLP(64, 64, device=device),  # fc1 and fc2 weights of one size
+}
+RECIPES = {"delayed": DelayedScaling, "current": Float8CurrentScaling}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", list(RECIPES))
+@pytest.mark.parametrize("module", list(MODULES))
+def test_autocast_equals_bf16_parameters(device, module, recipe):
+    torch.manual_seed(4)
+    fp32 = MODULES[module](device)
+    bf16 = copy.deepcopy(fp32).to(torch.bfloat16)
+    x = torch.randn(32, 64, device=device)
+    outs = []
+    for m, autocast in ((fp32, True), (bf16, False)):
+        xx = (x if autocast else x.bfloat16()).clone().requires_grad_()
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast), \
+                te.fp8_autocast(fp8_recipe=RECIPES[recipe]()):
+            y = m(xx)
+            junk = [torch.full((64, 64), float("nan"), device=device) for _ in range(4)]  # reuse freed memory
+        y.float().sum().backward()
+        del junk
+        outs.append((y, xx.grad))
+    (y_ac, dx_ac), (y_ref, dx_ref) = outs
+    assert y_ac.dtype == torch.bfloat16 and torch.isfinite(y_ac).all()
+    assert torch.equal(y_ac, y_ref)
+    assert torch.equal(dx_ac.bfloat16(), dx_ref)
