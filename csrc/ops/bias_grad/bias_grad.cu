@@ -102,13 +102,10 @@ void dbias_cast_current_scaling_cuda(const DbiasCurrentScalingParams& p, int dev
     quantize_small_cuda(&job, 1, device, stream);  // amax, scale, cast and dbias: one block
     return;
   }
-  DeviceGuard guard(device);
-  // amax_cuda raises amax to max(amax, max|x|): start the reduction from 0.
-  cuda_check(cudaMemsetAsync(p.amax_out, 0, sizeof(float), as_stream(stream)), "cudaMemsetAsync(amax)");
-  amax_cuda(AmaxParams{c.grad, p.amax_out, c.rows * c.hidden, c.in_dtype}, device, stream);
-  current_scaling_cuda(CurrentScalingParams{p.amax_out, p.scale_out, p.scale_inv, p.fp8_max, p.epsilon,
-                                            p.force_pow_2_scales},
-                       device, stream);
+  current_scale_from_input_cuda(AmaxParams{c.grad, p.amax_out, c.rows * c.hidden, c.in_dtype},
+                                CurrentScalingParams{p.amax_out, p.scale_out, p.scale_inv, p.fp8_max, p.epsilon,
+                                                     p.force_pow_2_scales},
+                                device, stream);
   dbias_cast_cuda(c, device, workspace, stream);
 }
 

@@ -70,10 +70,9 @@ void dbias_cast_cpu(const DbiasCastParams& p) {
 // The steps of te_quantize_current_scaling's reference, then the cast with dbias.
 void dbias_cast_current_scaling_cpu(const DbiasCurrentScalingParams& p) {
   const DbiasCastParams& c = p.cast;
-  *p.amax_out = 0.0f;  // a fresh reduction
-  amax_cpu(AmaxParams{c.grad, p.amax_out, c.rows * c.hidden, c.in_dtype});
-  current_scaling_cpu(CurrentScalingParams{p.amax_out, p.scale_out, p.scale_inv, p.fp8_max, p.epsilon,
-                                           p.force_pow_2_scales});
+  current_scale_from_input_cpu(AmaxParams{c.grad, p.amax_out, c.rows * c.hidden, c.in_dtype},
+                               CurrentScalingParams{p.amax_out, p.scale_out, p.scale_inv, p.fp8_max, p.epsilon,
+                                                    p.force_pow_2_scales});
   dbias_cast_cpu(c);
 }
 

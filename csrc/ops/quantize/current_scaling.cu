@@ -13,12 +13,17 @@ void quantize_current_scaling_cuda(const QuantizeJob& job, int device, void* str
     return;
   }
   const CurrentScalingQuantizeParams p = current_scaling_steps(job);
+  current_scale_from_input_cuda(p.amax, p.scaling, device, stream);
+  quantize_cuda(p.cast, device, stream);
+}
+
+void current_scale_from_input_cuda(const AmaxParams& amax, const CurrentScalingParams& scaling, int device,
+                                   void* stream) {
   DeviceGuard guard(device);
   // amax_cuda raises amax to max(amax, max|x|): start the reduction from 0.
-  cuda_check(cudaMemsetAsync(p.amax.amax, 0, sizeof(float), as_stream(stream)), "cudaMemsetAsync(amax)");
-  amax_cuda(p.amax, device, stream);
-  current_scaling_cuda(p.scaling, device, stream);
-  quantize_cuda(p.cast, device, stream);
+  cuda_check(cudaMemsetAsync(amax.amax, 0, sizeof(float), as_stream(stream)), "cudaMemsetAsync(amax)");
+  amax_cuda(amax, device, stream);
+  current_scaling_cuda(scaling, device, stream);
 }
 
 }  // namespace opente

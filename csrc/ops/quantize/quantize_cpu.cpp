@@ -52,10 +52,14 @@ void amax_cpu(const AmaxParams& p) {
   });
 }
 
+void current_scale_from_input_cpu(const AmaxParams& amax, const CurrentScalingParams& scaling) {
+  *amax.amax = 0.0f;  // a fresh reduction
+  amax_cpu(amax);
+  current_scaling_cpu(scaling);
+}
+
 void quantize_current_scaling_cpu(const CurrentScalingQuantizeParams& p) {
-  *p.amax.amax = 0.0f;  // a fresh reduction
-  amax_cpu(p.amax);
-  current_scaling_cpu(p.scaling);
+  current_scale_from_input_cpu(p.amax, p.scaling);
   quantize_cpu(p.cast);
 }
 

@@ -81,12 +81,18 @@ void quantize_cpu(const QuantizeParams& p);
 void dequantize_cpu(const DequantizeParams& p);
 void amax_cpu(const AmaxParams& p);
 void quantize_current_scaling_cpu(const CurrentScalingQuantizeParams& p);
+// Current scaling's first two steps: amax (a fresh reduction), then the scale from it.
+// Shared by every op that casts with a scale of its input (te_quantize_current_scaling,
+// te_dbias_cast_transpose_current_scaling).
+void current_scale_from_input_cpu(const AmaxParams& amax, const CurrentScalingParams& scaling);
 
 #if OPENTE_WITH_CUDA
 void quantize_cuda(const QuantizeParams& p, int device, void* stream);
 void dequantize_cuda(const DequantizeParams& p, int device, void* stream);
 void amax_cuda(const AmaxParams& p, int device, void* stream);
 void quantize_current_scaling_cuda(const QuantizeJob& job, int device, void* stream);
+void current_scale_from_input_cuda(const AmaxParams& amax, const CurrentScalingParams& scaling, int device,
+                                   void* stream);
 // Jobs one after another; the small ones (small_quantize_fits) of one dtype pair
 // share a launch (quantize_small.cu).
 void multi_quantize_cuda(const QuantizeJob* jobs, int64_t count, int device, void* stream);
