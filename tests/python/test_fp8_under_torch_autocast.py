@@ -1,8 +1,9 @@
 """FP8 modules with float32 parameters under torch.autocast(bfloat16), as Lightning and
-the main job run them: the weights are converted to bf16 for the step and cast to FP8
-from those temporaries. The result must equal that of the same module whose parameters
-are already the bf16 values (no autocast), bit for bit: the casts must read the converted
-weights, not memory freed and reused before a grouped cast ran (QuantizeGroup)."""
+the main job run them: the weights are cast to FP8 straight from fp32 and the biases
+converted to bf16 for the step, in the launch of the step's casts (QuantizeGroup). With
+parameters whose values bf16 holds exactly, the result must equal that of the same module
+whose parameters are those bf16 values (no autocast), bit for bit: the grouped launch must
+read the converted biases, not memory freed and reused before it ran."""
 
 import copy
 
@@ -27,6 +28,9 @@ RECIPES = {"delayed": DelayedScaling, "current": Float8CurrentScaling}
 def test_autocast_equals_bf16_parameters(device, module, recipe):
     torch.manual_seed(4)
     fp32 = MODULES[module](device)
+    with torch.no_grad():
+        for p in fp32.parameters():
+            p.copy_((p + 0.01).bfloat16().float())  # bf16 values, and biases that are not 0
     bf16 = copy.deepcopy(fp32).to(torch.bfloat16)
     x = torch.randn(32, 64, device=device)
     outs = []

@@ -181,6 +181,40 @@ def test_fp8_bias_only_training(device, recipe):
     torch.testing.assert_close(m.bias.grad, g.sum(0), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fp8_output", [False, True], ids=["float_out", "fp8_out"])
+@pytest.mark.parametrize("recipe", [DelayedScaling(), Float8CurrentScaling()], ids=["delayed", "current"])
+def test_fp8_fp32_bias_is_added_in_bf16(device, recipe, fp8_output):
+    """fp32 activations in FP8: the GEMM adds the bias in bf16 (cuBLASLt's FP8 GEMM takes no
+    fp32 bias; Transformer Engine does the same), converted in the launch of the casts.
+    The output equals that of the module whose bias holds the bf16 values, bit for bit, on
+    both devices; the bias gradient stays fp32 and exact."""
+    torch.manual_seed(8)
+    m = te.Linear(32, 48, device=device)
+    with torch.no_grad():
+        m.bias.copy_(torch.randn(48) * 3 + 1.0 / 3)  # values bf16 does not hold
+    rounded = te.Linear(32, 48, device=device)
+    rounded.load_state_dict(m.state_dict())
+    with torch.no_grad():
+        rounded.bias.copy_(m.bias.bfloat16().float())
+    assert not torch.equal(rounded.bias, m.bias)
+    x = torch.randn(16, 32, device=device)
+    g = torch.randn(16, 48, device=device)
+    outs = []
+    for module in (m, rounded):
+        with te.fp8_autocast(fp8_recipe=recipe):
+            y = module(x, fp8_output=fp8_output)
+        if fp8_output:
+            y = y.dequantize()
+        outs.append(y)
+    assert outs[0].dtype == torch.float32 and torch.equal(outs[0], outs[1])
+    with te.fp8_autocast(fp8_recipe=recipe):
+        y = m(x)
+    y.backward(g)
+    assert m.bias.grad.dtype == torch.float32
+    torch.testing.assert_close(m.bias.grad, g.sum(0), rtol=1e-6, atol=1e-5)
+
+
 def test_fuse_wgrad_accumulation_without_main_grad_is_a_clear_error():
     m = te.Linear(16, 16, fuse_wgrad_accumulation=True, device="cpu")
     with pytest.raises(RuntimeError, match="main_grad"):

@@ -1,7 +1,8 @@
 """Several FP8 casts in one core call (_core.multi_quantize, multi_quantize_current_scaling,
 module_ops.QuantizeGroup: a layer's input and weight cast together): every output bit
 for bit what the single calls give, on the CPU and on CUDA, where the small casts share
-one launch (a block each) and the others run as single ops. Also the one-block kernel
+one launch (a block each, whatever their dtypes) and the others run as single ops; float
+outputs among them are plain conversions, equal to torch's. Also the one-block kernel
 the single calls take for small tensors, at the edge of its size limit."""
 
 import pytest
@@ -146,8 +147,10 @@ def test_bad_pair_is_named_and_nothing_runs(device, gen):
     good, bad = make_casts([(16, 16), (16, 16)], device, gen)
     x_desc, out = good.descriptors()
     bad_x, _ = bad.descriptors()
-    with pytest.raises(ValueError, match=r"te_multi_quantize: outputs\[1\]"):
-        _core.multi_quantize([x_desc, bad_x], [out, bad_x], stream_of(good.x))  # an input as the output
+    bad_out = _core.Tensor(*bad_x.device, int(bad.fp8_dtype), [16, 16], bad.data.data_ptr(),  # no scale
+                           scale_inv=bad.scale_inv.data_ptr(), scaling_mode=int(_core.ScalingMode.PER_TENSOR))
+    with pytest.raises(ValueError, match=r"te_multi_quantize: outputs\[1\].*scale"):
+        _core.multi_quantize([x_desc, bad_x], [out, bad_out], stream_of(good.x))
     # the good pair did not run
     assert (good.data == POISON).all() and good.scale_inv.item() == torch.tensor(1e30).item()
     with pytest.raises(ValueError, match="inputs and outputs differ in length"):
@@ -206,3 +209,88 @@ def test_size_limit_of_the_one_block_cast(device, shape, fp8_dtype, gen):
         run_singles(want, current)
         for a, b in zip(got[0].results(), want[0].results()):
             assert_same_bits(a.cpu(), b)
+
+
+# (shape, input dtype, output dtype): small ones (one block on CUDA), the limit and past
+# it, a count that is no multiple of 8, and every direction between the float dtypes.
+CONVERSIONS = [((64,), torch.float32, torch.bfloat16), ((16, 1024), torch.float32, torch.bfloat16),
+               ((8, 2056), torch.float32, torch.float16), ((3, 17), torch.bfloat16, torch.float32),
+               ((40,), torch.float16, torch.bfloat16), ((24, 8), torch.bfloat16, torch.float16),
+               ((7,), torch.float32, torch.float32)]
+
+
+def conversion_input(shape, dtype, gen):
+    """Random values over a wide range, with zeros of both signs, infinities and values
+    past fp16's range (inf there) and bf16's rounding boundary."""
+    x = torch.randn(shape, generator=gen) * torch.exp2(torch.randint(-20, 20, shape, generator=gen).float())
+    flat = x.view(-1)
+    specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), 70000.0, 1.0 + 2.0 ** -8])
+    flat[:min(flat.numel(), specials.numel())] = specials[:flat.numel()]
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("current", [None, (0.0, False)], ids=["given", "current"])
+def test_float_outputs_are_conversions(device, current, gen):
+    """Conversions between casts of other dtypes, in one call: each equals torch's
+    conversion bit for bit (round to nearest even, overflow to inf), and the casts equal
+    the single calls."""
+    casts = make_casts(SMALL[:3], device, gen, dtypes=(torch.float32, torch.bfloat16))
+    expected = fresh_copies(casts)
+    sources = [conversion_input(shape, src, gen).to(device) for shape, src, _ in CONVERSIONS]
+    outs = [torch.full(x.shape, float("nan"), dtype=dst, device=device) for x, (_, _, dst) in zip(sources, CONVERSIONS)]
+    inputs, outputs = [], []
+    for i, (x, out) in enumerate(zip(sources, outs)):
+        inputs.append(describe(x, "x"))
+        outputs.append(describe(out, "out"))
+        if i < len(casts):
+            x_desc, out_desc = casts[i].descriptors()
+            inputs.append(x_desc)
+            outputs.append(out_desc)
+    stream = stream_of(sources[0])
+    if current is None:
+        _core.multi_quantize(inputs, outputs, stream)
+    else:
+        _core.multi_quantize_current_scaling(inputs, outputs, current[0], current[1], stream)
+    for x, out in zip(sources, outs):
+        assert_same_bits(out, x.to(out.dtype))
+    run_singles(expected, current)
+    assert_same_casts(casts, expected)
+
+
+def test_conversion_rejects_fp8_fields(device, gen):
+    x = torch.randn(8, 8, generator=gen).to(device)
+    out = torch.empty(8, 8, dtype=torch.bfloat16, device=device)
+    scale = torch.ones(1, device=device)
+    out_desc = _core.Tensor(*describe(out, "out").device, int(_core.DType.kBFloat16), [8, 8], out.data_ptr(),
+                            scale=scale.data_ptr())
+    with pytest.raises(ValueError, match=r"outputs\[0\] is a conversion .*scale"):
+        _core.multi_quantize([describe(x, "x")], [out_desc], stream_of(x))
+
+
+@pytest.mark.parametrize("current", [False, True], ids=["delayed", "current"])
+def test_quantize_group_conversion(device, current, gen):
+    """QuantizeGroup.add_conversion: the fp32 bias of a step next to the casts of an fp32
+    weight and a bf16 input, one core call; the conversion equals torch's."""
+    x = torch.randn(16, 64, generator=gen).to(torch.bfloat16).to(device)
+    w = torch.randn(48, 64, generator=gen).to(device)
+    b = torch.randn(48, generator=gen).to(device)
+    dev = module_ops.core_device(x)
+    group = module_ops.QuantizeGroup(dev)
+    state = torch.tensor([3.0, 5.0, 0.0, 0.0], device=device)
+    base = state.data_ptr()
+    if current:
+        casts = [group.add_current_scaling(x, E4M3, 0.0, False, True, True),
+                 group.add_current_scaling(w, E4M3, 0.0, False, True, True)]
+    else:
+        casts = [group.add(x, E4M3, base, base + 8, True, True), group.add(w, E4M3, base + 4, base + 12, True, True)]
+    b16 = group.add_conversion(b, torch.bfloat16)
+    group.run()
+    assert b16.dtype == torch.bfloat16 and b16.shape == b.shape
+    assert_same_bits(b16, b.to(torch.bfloat16))
+    for cast, src in zip(casts, (x, w)):
+        deq = cast.dequantize(dtype=torch.float32)
+        assert torch.allclose(deq, src.float(), rtol=2.0 ** -3, atol=2.0 ** -6)
+    only = module_ops.QuantizeGroup(dev)  # a group of conversions alone
+    b32 = only.add_conversion(b16, torch.float32)
+    only.run()
+    assert_same_bits(b32, b16.float())

@@ -45,13 +45,17 @@ te_status te_quantize_current_scaling(const te_tensor* input, const te_tensor* o
 
 /* Several casts in one call: te_quantize of each pair (inputs[i], outputs[i]),
  * or te_quantize_current_scaling of each with one epsilon and force_pow_2_scales.
- * Every pair is checked before any runs; all tensors on one device; the outputs'
- * buffers (data, scales, amaxes) distinct between pairs, except that delayed-scaling
- * casts may raise one amax. On the GPU the small ones (up to 16384 elements, both
- * dimensions multiples of 8, aligned as a fresh allocation is) are cast by a single
- * launch, a block each: the casts of a layer's input and weight, at the sizes where
- * launches, not bandwidth, cost the time. The results equal the single calls', bit
- * for bit. count may be 0.
+ * A pair whose output is float32, float16 or bfloat16 is a plain conversion instead:
+ * output.data = the input rounded to nearest even (same shape; the output's
+ * columnwise_data, scale, scale_inv and amax must be null), such as the bf16 bias an
+ * FP8 GEMM with an fp32 output takes. Every pair is checked before any runs; all
+ * tensors on one device; the outputs' buffers (data, scales, amaxes) distinct between
+ * pairs, except that delayed-scaling casts may raise one amax. Inputs may differ in
+ * dtype. On the GPU the small ones (up to 16384 elements; a cast's dimensions
+ * multiples of 8, a conversion's count; aligned as a fresh allocation is) run in a
+ * single launch, a block each: the casts of a layer's input and weight, and its bias's
+ * conversion, at the sizes where launches, not bandwidth, cost the time. The results
+ * equal the single calls', bit for bit. count may be 0.
  * stream: a cudaStream_t for CUDA tensors; ignored on the CPU. */
 te_status te_multi_quantize(size_t count, const te_tensor* inputs, const te_tensor* outputs, void* stream);
 te_status te_multi_quantize_current_scaling(size_t count, const te_tensor* inputs, const te_tensor* outputs,

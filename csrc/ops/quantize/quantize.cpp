@@ -39,6 +39,29 @@ QuantizeParams checked_cast(const te_tensor* input_desc, const te_tensor* output
                         m.rows, m.cols, te_dtype(in.dtype), te_dtype(out.dtype)};
 }
 
+// A conversion pair of te_multi_quantize* (a float output), checked: the output takes
+// data only, none of an FP8 output's fields.
+QuantizeJob checked_conversion(const te_tensor* input_desc, const te_tensor* output_desc, const char* in_name,
+                               const char* out_name) {
+  const te_tensor& in = checked_tensor(input_desc, in_name);
+  const te_tensor& out = checked_tensor(output_desc, out_name);
+  check_dtype(in, in_name, is_high_precision_float(in.dtype), kFloatDtypes);
+  check_same_shape(in, in_name, out, out_name);
+  check_same_device(in.device, in_name, out.device, out_name);
+  OPENTE_CHECK_ARG(!out.columnwise_data && !out.scale && !out.scale_inv && !out.amax, out_name,
+                   " is a conversion (a ", dtype_name(out.dtype), " output): its columnwise_data, scale, scale_inv "
+                   "and amax must be null");
+  const MatrixShape m = matrix_shape(in);
+  if (m.rows * m.cols > 0) {
+    check_pointer(in.data, in_name, "data");
+    check_pointer(out.data, out_name, "data");
+  }
+  QuantizeJob job{};
+  job.cast = QuantizeParams{in.data, out.data, nullptr, nullptr, nullptr, nullptr,
+                            m.rows, m.cols, te_dtype(in.dtype), te_dtype(out.dtype)};
+  return job;
+}
+
 // A cast with the given scale (current_scaling false) or by current scaling, checked.
 QuantizeJob checked_job(const te_tensor* input_desc, const te_tensor* output_desc, bool current_scaling,
                         float epsilon, int force_pow_2_scales, const char* in_name = "input",
@@ -58,7 +81,9 @@ QuantizeJob checked_job(const te_tensor* input_desc, const te_tensor* output_des
 }
 
 void quantize_job_cpu(const QuantizeJob& job) {
-  if (job.scale_out) {
+  if (is_conversion(job)) {
+    convert_cpu(job.cast);
+  } else if (job.scale_out) {
     quantize_current_scaling_cpu(current_scaling_steps(job));
   } else {
     quantize_cpu(job.cast);
@@ -76,8 +101,12 @@ te_status run_multi_quantize(const char* op, size_t count, const te_tensor* inpu
     for (size_t i = 0; i < count; ++i) {
       const std::string in_name = "inputs[" + std::to_string(i) + "]";
       const std::string out_name = "outputs[" + std::to_string(i) + "]";
-      jobs.push_back(checked_job(&inputs[i], &outputs[i], current_scaling, epsilon, force_pow_2_scales,
-                                 in_name.c_str(), out_name.c_str()));
+      if (is_high_precision_float(outputs[i].dtype)) {
+        jobs.push_back(checked_conversion(&inputs[i], &outputs[i], in_name.c_str(), out_name.c_str()));
+      } else {
+        jobs.push_back(checked_job(&inputs[i], &outputs[i], current_scaling, epsilon, force_pow_2_scales,
+                                   in_name.c_str(), out_name.c_str()));
+      }
       if (i > 0) check_same_device(inputs[i].device, in_name.c_str(), inputs[0].device, "inputs[0]");
     }
     if (count == 0) return;

@@ -30,6 +30,16 @@ void quantize_cpu(const QuantizeParams& p) {
   });
 }
 
+void convert_cpu(const QuantizeParams& p) {
+  dispatch_float_dtype(p.in_dtype, [&](auto in_tag) {
+    dispatch_float_dtype(p.out_dtype, [&](auto out_tag) {
+      constexpr te_dtype kIn = decltype(in_tag)::value;
+      constexpr te_dtype kOut = decltype(out_tag)::value;
+      for (int64_t i = 0; i < p.rows * p.cols; ++i) store_from_float<kOut>(p.output, i, load_as_float<kIn>(p.input, i));
+    });
+  });
+}
+
 void dequantize_cpu(const DequantizeParams& p) {
   dispatch_fp8_dtype(p.in_dtype, [&](auto in_tag) {
     dispatch_float_dtype(p.out_dtype, [&](auto out_tag) {

@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 
+#include "common/dtype.h"
 #include "opente/tensor.h"
 #include "ops/recipe/recipe_params.h"
 
@@ -50,7 +51,9 @@ struct CurrentScalingQuantizeParams {
 // One cast of te_quantize (scale_out null: cast.scale is read, cast.amax raised)
 // or of te_quantize_current_scaling (scale_out set: max|input| goes to amax_out and
 // the scale computed from it to scale_out, which cast.scale then points at; cast.amax
-// is null), as te_multi_quantize* take them.
+// is null), as te_multi_quantize* take them. A job whose cast.out_dtype is a float
+// dtype is a plain conversion (is_conversion): cast.output = the input rounded to
+// that dtype, and no scale, amax or transposed copy.
 struct QuantizeJob {
   QuantizeParams cast;
   float* amax_out;   // current scaling only
@@ -62,6 +65,8 @@ struct QuantizeJob {
   // the one-block kernel takes it (te_dbias_cast_transpose_current_scaling's small case).
   void* dbias = nullptr;
 };
+
+inline bool is_conversion(const QuantizeJob& job) { return !is_fp8(job.cast.out_dtype); }
 
 // The three steps of a current-scaling job, as the separate ops run them.
 inline CurrentScalingQuantizeParams current_scaling_steps(const QuantizeJob& job) {
@@ -78,6 +83,8 @@ inline CurrentScalingQuantizeParams current_scaling_steps(const QuantizeJob& job
 }
 
 void quantize_cpu(const QuantizeParams& p);
+// A conversion job's work: p.output = p.input rounded to p.out_dtype (a float dtype).
+void convert_cpu(const QuantizeParams& p);
 void dequantize_cpu(const DequantizeParams& p);
 void amax_cpu(const AmaxParams& p);
 void quantize_current_scaling_cpu(const CurrentScalingQuantizeParams& p);
@@ -88,19 +95,23 @@ void current_scale_from_input_cpu(const AmaxParams& amax, const CurrentScalingPa
 
 #if OPENTE_WITH_CUDA
 void quantize_cuda(const QuantizeParams& p, int device, void* stream);
+void convert_cuda(const QuantizeParams& p, int device, void* stream);
 void dequantize_cuda(const DequantizeParams& p, int device, void* stream);
 void amax_cuda(const AmaxParams& p, int device, void* stream);
 void quantize_current_scaling_cuda(const QuantizeJob& job, int device, void* stream);
 void current_scale_from_input_cuda(const AmaxParams& amax, const CurrentScalingParams& scaling, int device,
                                    void* stream);
-// Jobs one after another; the small ones (small_quantize_fits) of one dtype pair
-// share a launch (quantize_small.cu).
+// Jobs one after another; the small ones (small_job_fits) share a launch, whatever
+// their dtypes (quantize_small.cu).
 void multi_quantize_cuda(const QuantizeJob* jobs, int64_t count, int device, void* stream);
 // Whether one block casts this tensor (quantize_small.cu): at most
 // kSmallQuantizeElements elements, both dimensions multiples of 8, 16-byte aligned
 // input and 8-byte aligned outputs.
 bool small_quantize_fits(const QuantizeParams& p);
-// Jobs that all fit, of one input and one output dtype, a block each, one launch.
+// small_quantize_fits for a cast; a conversion: at most kSmallQuantizeElements
+// elements, a multiple of 8, input and output 16-byte aligned.
+bool small_job_fits(const QuantizeJob& job);
+// Jobs that all fit, a block each, one launch (several past kJobsPerLaunch).
 void quantize_small_cuda(const QuantizeJob* jobs, int count, int device, void* stream);
 #endif
 

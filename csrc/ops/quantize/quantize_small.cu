@@ -5,6 +5,11 @@
 // scale and casts (current scaling), or casts with the given scale and raises the
 // amax (delayed), and a group of casts (a layer's input and weight) shares one launch,
 // a block each. Same arithmetic as the other cast kernels, bit for bit.
+//
+// Each block reads its job's dtypes at run time, so one launch takes jobs of any
+// dtypes: an fp32 weight's cast next to a bf16 input's (fp32 parameters under
+// torch.autocast), and plain conversions (a float output), such as the bias a
+// layer's FP8 GEMM reads in bf16.
 #include <algorithm>
 
 #include "common/cuda_elements.cuh"
@@ -32,15 +37,24 @@ struct JobBatch {
   QuantizeJob jobs[kJobsPerLaunch];
 };
 
+// Shared memory of a block, declared once in the kernel: each dtype's instantiation
+// of the job bodies would otherwise declare its own arrays, and three of them
+// would pass the 48 KiB a kernel's static shared memory may take.
+struct SmallJobScratch {
+  float partial[kThreads * 8];  // column_sums: [groups][cols], groups * cols <= kThreads * 8
+  // The transposed tile: row c holds column c of the tile, 8 bytes of padding keeping
+  // the 8-byte reads of its rows aligned.
+  alignas(8) uint8_t tile_t[kTile][kTile + 8];
+};
+
 // dbias[c] = the sum over rows of in[r, c], for the block's whole tensor (rows * cols
 // <= kSmallQuantizeElements, cols a multiple of 8), in a fixed order: each thread adds
 // up an 8-column segment over every groups-th row (at most four rows, as rows * cols is
 // bounded), then the groups' partials of a column are added in group order with a
 // compensated sum, so a long column loses no more than a few roundings.
 template <class In>
-__device__ void column_sums(const In* in, int64_t rows, int64_t cols, In* dbias) {
-  __shared__ float partial[kThreads * 8];  // [groups][cols], groups * cols <= kThreads * 8
-  const int segments = int(cols / 8);      // <= 256: cols <= kSmallQuantizeElements / 8
+__device__ void column_sums(const In* in, int64_t rows, int64_t cols, In* dbias, float* partial) {
+  const int segments = int(cols / 8);  // <= 256: cols <= kSmallQuantizeElements / 8
   const int groups = kThreads / segments;
   const int segment = threadIdx.x % segments, group = threadIdx.x / segments;
   if (group < groups) {
@@ -62,8 +76,7 @@ __device__ void column_sums(const In* in, int64_t rows, int64_t cols, In* dbias)
 }
 
 template <class In, te_dtype Out>
-__global__ void __launch_bounds__(kThreads) quantize_small_kernel(const __grid_constant__ JobBatch batch) {
-  const QuantizeJob& job = batch.jobs[blockIdx.x];
+__device__ void cast_job(const QuantizeJob& job, SmallJobScratch& scratch) {
   const QuantizeParams& p = job.cast;
   const auto* in = static_cast<const In*>(p.input);
   const int64_t rows = p.rows, cols = p.cols;
@@ -86,9 +99,7 @@ __global__ void __launch_bounds__(kThreads) quantize_small_kernel(const __grid_c
     scale = *p.scale;
   }
 
-  // The transposed tile: row c holds column c of the tile, 8 bytes of padding keeping
-  // the 8-byte reads of its rows aligned.
-  __shared__ alignas(8) uint8_t tile_t[kTile][kTile + 8];
+  auto& tile_t = scratch.tile_t;
   auto* out = static_cast<uint8_t*>(p.output);
   auto* out_t = static_cast<uint8_t*>(p.output_t);
   const int tr = threadIdx.x / kSegmentsPerRow, tc = threadIdx.x % kSegmentsPerRow * 8;
@@ -116,9 +127,45 @@ __global__ void __launch_bounds__(kThreads) quantize_small_kernel(const __grid_c
       }
     }
   }
-  if (job.dbias) column_sums(in, rows, cols, static_cast<In*>(job.dbias));
+  if (job.dbias) column_sums(in, rows, cols, static_cast<In*>(job.dbias), scratch.partial);
   if (p.amax) block_max_to_global<kThreads>(local_amax, p.amax);
   if (p.scale_inv && threadIdx.x == 0) *p.scale_inv = 1.0f / scale;
+}
+
+// A conversion job: eight elements a thread and pass (the count is a multiple of 8).
+template <class In, class Out>
+__device__ void convert_job(const QuantizeParams& p) {
+  const auto* in = static_cast<const Vec8<In>*>(p.input);
+  auto* out = static_cast<Vec8<Out>*>(p.output);
+  for (int64_t s = threadIdx.x; s < p.rows * p.cols / 8; s += kThreads) {
+    const Vec8<In> x = in[s];
+    Vec8<Out> y;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) y.v[k] = from_float<Out>(to_float(x.v[k]));
+    out[s] = y;
+  }
+}
+
+// The job's output dtype, as a type: one of the two FP8 casts or a conversion.
+template <class In>
+__device__ void run_job(const QuantizeJob& job, SmallJobScratch& scratch) {
+  switch (job.cast.out_dtype) {
+    case TE_DTYPE_FLOAT8_E4M3: return cast_job<In, TE_DTYPE_FLOAT8_E4M3>(job, scratch);
+    case TE_DTYPE_FLOAT8_E5M2: return cast_job<In, TE_DTYPE_FLOAT8_E5M2>(job, scratch);
+    case TE_DTYPE_FLOAT32: return convert_job<In, float>(job.cast);
+    case TE_DTYPE_FLOAT16: return convert_job<In, __half>(job.cast);
+    default: return convert_job<In, __nv_bfloat16>(job.cast);  // bfloat16 (checked on the host)
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) quantize_small_kernel(const __grid_constant__ JobBatch batch) {
+  __shared__ SmallJobScratch scratch;
+  const QuantizeJob& job = batch.jobs[blockIdx.x];
+  switch (job.cast.in_dtype) {  // the same for every thread of the block
+    case TE_DTYPE_FLOAT32: return run_job<float>(job, scratch);
+    case TE_DTYPE_FLOAT16: return run_job<__half>(job, scratch);
+    default: return run_job<__nv_bfloat16>(job, scratch);  // bfloat16 (checked on the host)
+  }
 }
 
 }  // namespace
@@ -129,41 +176,40 @@ bool small_quantize_fits(const QuantizeParams& p) {
          is_aligned(p.output, 8) && is_aligned(p.output_t, 8);
 }
 
+bool small_job_fits(const QuantizeJob& job) {
+  if (!is_conversion(job)) return small_quantize_fits(job.cast);
+  const int64_t n = job.cast.rows * job.cast.cols;
+  return n > 0 && n <= kSmallQuantizeElements && n % 8 == 0 && is_aligned(job.cast.input, 16) &&
+         is_aligned(job.cast.output, 16);
+}
+
 void quantize_small_cuda(const QuantizeJob* jobs, int count, int device, void* stream) {
   if (count == 0) return;
   DeviceGuard guard(device);
-  const QuantizeParams& first = jobs[0].cast;
-  dispatch_float_dtype(first.in_dtype, [&](auto in_tag) {
-    dispatch_fp8_dtype(first.out_dtype, [&](auto out_tag) {
-      using In = typename CudaType<decltype(in_tag)::value>::type;
-      constexpr te_dtype kOut = decltype(out_tag)::value;
-      for (int begin = 0; begin < count; begin += kJobsPerLaunch) {
-        const int n = std::min(kJobsPerLaunch, count - begin);
-        JobBatch batch{};
-        std::copy(jobs + begin, jobs + begin + n, batch.jobs);
-        quantize_small_kernel<In, kOut><<<n, kThreads, 0, as_stream(stream)>>>(batch);
-        check_launch("quantize_small_kernel");
-      }
-    });
-  });
+  for (int begin = 0; begin < count; begin += kJobsPerLaunch) {
+    const int n = std::min(kJobsPerLaunch, count - begin);
+    JobBatch batch{};
+    std::copy(jobs + begin, jobs + begin + n, batch.jobs);
+    quantize_small_kernel<<<n, kThreads, 0, as_stream(stream)>>>(batch);
+    check_launch("quantize_small_kernel");
+  }
 }
 
 void multi_quantize_cuda(const QuantizeJob* jobs, int64_t count, int device, void* stream) {
-  // The small jobs of the first one's dtype pair go together (a layer's casts share
-  // their dtypes); every other job is queued on its own, in order.
+  // The small jobs go together, whatever their dtypes; every other job is queued on
+  // its own, in order.
   QuantizeJob small[kJobsPerLaunch];
   int num_small = 0;
   for (int64_t i = 0; i < count; ++i) {
     const QuantizeJob& job = jobs[i];
-    const bool joins = small_quantize_fits(job.cast) &&
-                       (num_small == 0 || (job.cast.in_dtype == small[0].cast.in_dtype &&
-                                           job.cast.out_dtype == small[0].cast.out_dtype));
-    if (joins) {
+    if (small_job_fits(job)) {
       small[num_small++] = job;
       if (num_small == kJobsPerLaunch) {
         quantize_small_cuda(small, num_small, device, stream);
         num_small = 0;
       }
+    } else if (is_conversion(job)) {
+      convert_cuda(job.cast, device, stream);
     } else if (job.scale_out) {
       quantize_current_scaling_cuda(job, device, stream);
     } else {

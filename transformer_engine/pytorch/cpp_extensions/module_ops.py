@@ -16,7 +16,7 @@ nn.Linear on the CPU before this path, 1.7x with it (benchmarks/bench_host_overh
 
 from __future__ import annotations
 
-from typing import Dict, NamedTuple, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -207,21 +207,23 @@ def _amax_and_scale_slots(count: int, dev: CoreDevice, device: torch.device) -> 
 class QuantizeGroup:
     """FP8 casts made by one core call: ``add`` / ``add_current_scaling`` return a cast's
     FP8 storage at once (its buffers exist, not yet written) and ``run`` queues what
-    writes them, before anything can read them. On the GPU the small casts of a group
-    are one kernel launch (te_multi_quantize): a small layer's input and weight, where a
-    launch costs more host time than the kernel takes on the device."""
+    writes them, before anything can read them; ``add_conversion`` likewise for a plain
+    dtype conversion. On the GPU the small jobs of a group are one kernel launch
+    (te_multi_quantize), whatever their dtypes: a small layer's input, weight and bias,
+    where a launch costs more host time than the kernel takes on the device."""
 
-    __slots__ = ("dev", "_sources", "_inputs", "_outputs", "_current")
+    __slots__ = ("dev", "_sources", "_inputs", "_outputs", "_current", "_conversions")
 
     def __init__(self, dev: CoreDevice):
         self.dev = dev
-        # Casts with a given scale (delayed scaling): the input tensors themselves are
-        # held until run(), as their descriptors hold only addresses (an input made for
-        # the cast, such as a weight converted to the autocast dtype, would otherwise be
-        # freed, and its memory reused, before the cast reads it).
+        # Casts with a given scale (delayed scaling) and conversions: the input tensors
+        # themselves are held until run(), as their descriptors hold only addresses (an
+        # input made for the step, such as a bias converted to the autocast dtype, would
+        # otherwise be freed, and its memory reused, before the launch reads it).
         self._sources, self._inputs, self._outputs = [], [], []
         # (epsilon, force_pow_2_scales) -> [(x, rows, cols, fp8_dtype, data, data_t, scale_inv)]
         self._current: Dict[Tuple[float, bool], list] = {}
+        self._conversions: List[Tuple[_core.Tensor, _core.Tensor]] = []  # (input, output) descriptors
 
     def add(self, x: torch.Tensor, fp8_dtype: DType, scale: int, amax: int, rowwise: bool,
             columnwise: bool) -> _f8.Float8TensorBase:
@@ -242,15 +244,31 @@ class QuantizeGroup:
         self._current.setdefault(key, []).append((x, rows, cols, fp8_dtype, data, data_t, scale_inv))
         return _f8.Float8TensorBase.wrap(data, data_t, scale_inv, fp8_dtype)
 
+    def add_conversion(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``x`` converted to the float ``dtype`` (a new tensor, written by ``run``): the
+        bias an FP8 GEMM reads in bf16, converted in the casts' launch rather than one
+        of its own."""
+        out = torch.empty(x.shape, dtype=dtype, device=x.device)
+        self._sources.append(x)
+        self._conversions.append((_float_desc(x, self.dev, "x"), _float_desc(out, self.dev, "out")))
+        return out
+
     def run(self) -> None:
         """Queues the casts added: one core call for those with a given scale, one for
-        each (epsilon, force_pow_2_scales) of the current-scaling ones."""
+        each (epsilon, force_pow_2_scales) of the current-scaling ones. The conversions
+        join the first of those calls (a core call takes them next to either kind)."""
         dev = self.dev
-        if self._inputs:
-            _core.multi_quantize(self._inputs, self._outputs, dev.stream)
+        conversions = self._conversions
+        if self._inputs or (conversions and not self._current):
+            inputs, outputs = self._inputs, self._outputs
+            if conversions:
+                inputs, outputs = inputs + [c[0] for c in conversions], outputs + [c[1] for c in conversions]
+                conversions = []
+            _core.multi_quantize(inputs, outputs, dev.stream)
         for (epsilon, pow_2), casts in self._current.items():
             keep, base = _amax_and_scale_slots(len(casts), dev, casts[0][0].device)  # kept until queued
-            inputs, outputs = [], []
+            inputs, outputs = [c[0] for c in conversions], [c[1] for c in conversions]
+            conversions = []
             for i, (x, rows, cols, fp8_dtype, data, data_t, scale_inv) in enumerate(casts):
                 amax = base + 8 * i
                 inputs.append(_float_desc(x, dev, "x"))

@@ -193,7 +193,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
             self._bwd_state = state
         return state
 
-    def fp8_weight(self, name: str, weight: torch.Tensor, dtype: torch.dtype, step: FP8Step, index: int,
+    def fp8_weight(self, name: str, weight: torch.Tensor, step: FP8Step, index: int,
                    is_first_microbatch: Optional[bool], columnwise: bool, dev: CoreDevice,
                    group: Optional[module_ops.QuantizeGroup] = None) -> Float8TensorBase:
         """The FP8 copy of weight ``name`` (forward tensor ``index``) for this step: cast now
@@ -210,9 +210,11 @@ class TransformerEngineBaseModule(torch.nn.Module):
             cached = cache.get(name)
             if cached is not None:
                 return cached
-        w = weight.to(dtype) if weight.dtype != dtype else weight
-        check_fp8_dims(w, f"the weight {name}")
-        w_fp8 = cast_to_fp8(w, step, index, dev, is_weight=True, rowwise=True,
+        # Cast from the parameter's own dtype (fp32 parameters under torch.autocast
+        # included), as Transformer Engine does: no converted copy first (a launch, and
+        # a second rounding). A group takes casts of any input dtype in one launch.
+        check_fp8_dims(weight, f"the weight {name}")
+        w_fp8 = cast_to_fp8(weight, step, index, dev, is_weight=True, rowwise=True,
                             columnwise=columnwise or is_first_microbatch is not None, group=group)
         if is_first_microbatch is None:
             if cache:

@@ -61,12 +61,11 @@ class _LayerNormLinearFunction(torch.autograd.Function):
         fp8_output, fp8_grad = fp8_io or (False, False)
         dev = core_device(inp)
         x = to_2d(inp, module.in_features, dtype)
-        b = bias.to(dtype) if bias is not None and bias.dtype != dtype else bias
         need_wgrad, need_dgrad = weight.requires_grad, True  # the norm's backward needs the dgrad
         ln_out, ln_fp8, mu, rsigma = norm_then_maybe_fp8(
             step, module.normalization, x, ln_weight, ln_bias, module.eps, module.zero_centered_gamma,
             module.return_layernorm_output, need_wgrad, dev)
-        out, saved_x, saved_w = linear_gemm_forward(module, step, ln_out, weight, b, dtype, is_first_microbatch,
+        out, saved_x, saved_w = linear_gemm_forward(module, step, ln_out, weight, bias, dtype, is_first_microbatch,
                                                     need_wgrad, need_dgrad, dev, x_fp8=ln_fp8,
                                                     fp8_output=fp8_output)
         ctx.saved = (saved_x, saved_w, x, mu, rsigma)

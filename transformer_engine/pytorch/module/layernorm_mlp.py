@@ -39,6 +39,7 @@ from transformer_engine.pytorch.module.layernorm_linear import norm_then_maybe_f
 from transformer_engine.pytorch.module.linear import (
     default_init_method,
     finish_backward,
+    gemm_bias,
     linear_gemm_backward,
     linear_gemm_forward,
     start_backward,
@@ -147,16 +148,17 @@ class _LayerNormMLPFunction(torch.autograd.Function):
                 module: "LayerNormMLP", step: FP8Step, dtype: torch.dtype, is_first_microbatch: Optional[bool]):
         dev = core_device(inp)
         x = to_2d(inp, module.hidden_size, dtype)
-        b1 = fc1_bias.to(dtype) if fc1_bias is not None and fc1_bias.dtype != dtype else fc1_bias
-        b2 = fc2_bias.to(dtype) if fc2_bias is not None and fc2_bias.dtype != dtype else fc2_bias
         w1_grad, w2_grad = fc1_weight.requires_grad, fc2_weight.requires_grad
         w1_fp8 = w2_fp8 = None
-        if step.fp8:  # both weights' casts in one core call (one launch when they are small)
+        group = None
+        if step.fp8:  # both weights' casts and the biases' conversions in one core call (one launch when small)
             group = module_ops.QuantizeGroup(dev)
-            w1_fp8 = module.fp8_weight("fc1_weight", fc1_weight, dtype, step, 1, is_first_microbatch, True, dev,
+            w1_fp8 = module.fp8_weight("fc1_weight", fc1_weight, step, 1, is_first_microbatch, True, dev,
                                        group=group)
-            w2_fp8 = module.fp8_weight("fc2_weight", fc2_weight, dtype, step, 3, is_first_microbatch, True, dev,
+            w2_fp8 = module.fp8_weight("fc2_weight", fc2_weight, step, 3, is_first_microbatch, True, dev,
                                        group=group)
+        b1, b2 = gemm_bias(fc1_bias, dtype, step.fp8, group), gemm_bias(fc2_bias, dtype, step.fp8, group)
+        if group is not None:
             group.run()
         ln_out, mu, rsigma, saved_ln, saved_w1, fc1_out, act_out, act_fp8 = norm_fc1_activation(
             module, step, x, ln_weight, ln_bias, fc1_weight, b1, dtype, is_first_microbatch, w1_grad, w2_grad, dev,

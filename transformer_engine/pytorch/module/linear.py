@@ -111,6 +111,26 @@ def columnwise_only(t: Float8TensorBase) -> Float8TensorBase:
     return Float8TensorBase.wrap(None, t._transpose, t._scale_inv, t._fp8_dtype)
 
 
+def fp8_gemm_bias_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The bias dtype of an FP8 GEMM with a ``dtype`` output: cuBLASLt's FP8 GEMM takes a
+    bf16 or fp16 bias, not an fp32 one, so an fp32 output gets its bias in bf16, as in
+    Transformer Engine (on the CPU too, so that both devices compute the same)."""
+    return torch.bfloat16 if dtype == torch.float32 else dtype
+
+
+def gemm_bias(bias: Optional[torch.Tensor], dtype: torch.dtype, fp8: bool,
+              group: Optional[module_ops.QuantizeGroup] = None) -> Optional[torch.Tensor]:
+    """``bias`` in the dtype the forward GEMM adds it in (``dtype``, or
+    fp8_gemm_bias_dtype under FP8): as it is, or converted, by ``group`` when given (then
+    in the launch of the step's casts, written by its ``run()``)."""
+    if bias is None:
+        return None
+    want = fp8_gemm_bias_dtype(dtype) if fp8 else dtype
+    if bias.dtype == want:
+        return bias
+    return group.add_conversion(bias, want) if group is not None else bias.to(want)
+
+
 def linear_gemm_forward(module: TransformerEngineBaseModule, step: FP8Step, x: torch.Tensor, weight, bias,
                         dtype: torch.dtype, is_first_microbatch: Optional[bool], need_wgrad: bool, need_dgrad: bool,
                         dev: CoreDevice, x_fp8: Optional[Float8TensorBase] = None, weight_name: str = "weight",
@@ -118,9 +138,9 @@ def linear_gemm_forward(module: TransformerEngineBaseModule, step: FP8Step, x: t
     """The forward GEMM of a linear layer on the 2-D input ``x`` (already in ``dtype``, or FP8
     storage from the previous layer's fp8_output) or its FP8 cast ``x_fp8`` (made by a fused
     norm); the input is forward tensor ``index`` and the weight ``index + 1``, whose FP8 copy
-    ``w_fp8`` is made here unless given. With ``fp8_output`` (FP8 steps only) the output is
-    row-wise FP8 storage (forward tensor ``index + 2``). Returns (out, what the wgrad GEMM
-    needs, what the dgrad GEMM needs)."""
+    ``w_fp8`` is made here unless given. ``bias`` in any float dtype (see gemm_bias). With
+    ``fp8_output`` (FP8 steps only) the output is row-wise FP8 storage (forward tensor
+    ``index + 2``). Returns (out, what the wgrad GEMM needs, what the dgrad GEMM needs)."""
     if step.fp8:
         if x_fp8 is None and isinstance(x, Float8TensorBase):
             x_fp8 = gemm_operand(x, role_fp8_dtype(step, True), True, need_wgrad)
@@ -128,28 +148,25 @@ def linear_gemm_forward(module: TransformerEngineBaseModule, step: FP8Step, x: t
                 x = dequantized(x, dtype)
             else:
                 check_fp8_dims(x_fp8._data, "the input")
-        # The input's and the weight's casts, one core call (one launch when both are small).
-        group = module_ops.QuantizeGroup(dev) if x_fp8 is None else None
+        # The input's and the weight's casts and the bias's conversion, one core call (one
+        # launch when all are small).
+        group = module_ops.QuantizeGroup(dev)
         if x_fp8 is None:
             check_fp8_dims(x, "the input")
             x_fp8 = cast_to_fp8(x, step, index, dev, rowwise=True, columnwise=need_wgrad, group=group)
         if w_fp8 is None:
-            w_fp8 = module.fp8_weight(weight_name, weight, dtype, step, index + 1, is_first_microbatch,
+            w_fp8 = module.fp8_weight(weight_name, weight, step, index + 1, is_first_microbatch,
                                       need_dgrad, dev, group=group)
-        if group is not None:
-            group.run()
+        bias = gemm_bias(bias, dtype, True, group)
+        group.run()
         saved_x = columnwise_only(x_fp8) if need_wgrad else None
         if fp8_output:
             out = _fprop_to_fp8(step, w_fp8, x_fp8, bias, dtype, index + 2, dev)
             return out, saved_x, (w_fp8 if need_dgrad else None)
-        # cuBLASLt has no FP8 GEMM with an fp32 output and an fp32 bias epilogue: the bias
-        # is added afterwards there (fp32 activations under FP8 are rare; bf16 fuses it).
-        fuse_bias = bias is not None and not (dev.type == CUDA and dtype == torch.float32)
-        out = module_ops.gemm(w_fp8, x_fp8, dev, dtype, True, False, bias=bias if fuse_bias else None,
+        out = module_ops.gemm(w_fp8, x_fp8, dev, dtype, True, False, bias=bias,
                               split_accumulator=_split(step, "fp8_gemm_fprop", default=False))
-        if bias is not None and not fuse_bias:
-            out.add_(bias)
         return out, saved_x, (w_fp8 if need_dgrad else None)
+    bias = gemm_bias(bias, dtype, False)
     if isinstance(weight, Float8TensorBase):
         w = weight.dequantize(dtype=dtype)
     else:
@@ -163,21 +180,17 @@ def linear_gemm_forward(module: TransformerEngineBaseModule, step: FP8Step, x: t
 
 def _fprop_to_fp8(step: FP8Step, w_fp8: Float8TensorBase, x_fp8: Float8TensorBase, bias: Optional[torch.Tensor],
                   dtype: torch.dtype, index: int, dev: CoreDevice) -> Float8TensorBase:
-    """The FP8 forward GEMM with its output in FP8 (forward tensor ``index``, row-wise).
-    Delayed scaling: the GEMM casts its own output with the slot's scale (cuBLASLt's FP8
-    output takes a bfloat16 bias only). Current scaling needs the output's amax before the
-    cast, so it casts afterwards, as any other bias dtype does."""
+    """The FP8 forward GEMM with its output in FP8 (forward tensor ``index``, row-wise);
+    ``bias`` as gemm_bias gives it. Delayed scaling: the GEMM casts its own output with the
+    slot's scale (cuBLASLt's FP8 output takes a bfloat16 bias only). Current scaling needs
+    the output's amax before the cast, so it casts afterwards, as an fp16 bias does."""
     split = _split(step, "fp8_gemm_fprop", default=False)
     if step.delayed and (bias is None or bias.dtype == torch.bfloat16):
         state = step.fwd_state
         return module_ops.gemm_fp8_output(w_fp8, x_fp8, dev, True, False, state.fp8_dtype,
                                           state.scale[index:index + 1], state.current_amax(index), bias=bias,
                                           split_accumulator=split)
-    fuse_bias = bias is not None and not (dev.type == CUDA and dtype == torch.float32)
-    out = module_ops.gemm(w_fp8, x_fp8, dev, dtype, True, False, bias=bias if fuse_bias else None,
-                          split_accumulator=split)
-    if bias is not None and not fuse_bias:
-        out.add_(bias)
+    out = module_ops.gemm(w_fp8, x_fp8, dev, dtype, True, False, bias=bias, split_accumulator=split)
     return cast_to_fp8(out, step, index, dev, rowwise=True, columnwise=False)
 
 
@@ -343,9 +356,8 @@ class _LinearFunction(torch.autograd.Function):
         fp8_output, fp8_grad = fp8_io or (False, False)
         dev = core_device(inp)
         x = to_2d(inp, weight.shape[1], dtype, keep_fp8=step.fp8)
-        b = bias.to(dtype) if bias is not None and bias.dtype != dtype else bias
         need_wgrad, need_dgrad = weight.requires_grad, inp.requires_grad
-        out, saved_x, saved_w = linear_gemm_forward(module, step, x, weight, b, dtype, is_first_microbatch,
+        out, saved_x, saved_w = linear_gemm_forward(module, step, x, weight, bias, dtype, is_first_microbatch,
                                                     need_wgrad, need_dgrad, dev, fp8_output=fp8_output)
         # One ctx attribute: each costs a dict store here and a load in the backward.
         ctx.state = (saved_x, saved_w, weight, step, dtype, inp.shape, inp.dtype,
