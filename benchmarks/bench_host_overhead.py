@@ -6,6 +6,7 @@ side by side in one run.
     python3 benchmarks/bench_host_overhead.py --device cpu     # no GPU needed
     python3 benchmarks/bench_host_overhead.py --split          # + where te.Linear's backward time goes
     python3 benchmarks/bench_host_overhead.py --dtype bfloat16 --eager-only   # bf16 parameters and input
+    python3 benchmarks/bench_host_overhead.py --count          # + GPU operations and allocations per step
 
 On a GPU a second table times the same steps with the modules CUDA-graphed
 (te.make_graphed_callables, and torch.cuda.make_graphed_callables for the PyTorch layers),
@@ -71,14 +72,53 @@ class TorchMLP(torch.nn.Module):
         return self.fc2(F.gelu(self.fc1(self.norm(x)), approximate="tanh"))
 
 
-def training_step(module, x, grad, recipe):
+def training_step(module, x, grad, recipe, autocast: bool = False):
+    """One step's closure; ``autocast``: inside torch.autocast(bfloat16), as Lightning's
+    TransformerEnginePrecision and the main job run fp32 parameters."""
     fp8 = recipe is not None
+    device_type = x.device.type
+    grad = grad.to(torch.bfloat16) if autocast else grad  # the output's dtype there
 
     def step():
-        with te.fp8_autocast(enabled=fp8, fp8_recipe=recipe):
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=autocast), \
+                te.fp8_autocast(enabled=fp8, fp8_recipe=recipe):
             y = module(x)
         y.backward(grad)
     return step
+
+
+def gpu_work_per_step(step, steps: int = 20) -> tuple[float, float]:
+    """(GPU operations: kernels, memsets and copies, per step; CUDA caching-allocator
+    allocations per step), counted over ``steps`` steps after a warm-up: what the host
+    pays a launch or an allocation for, independent of how fast the host is."""
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    allocations = (torch.cuda.memory_stats()["allocation.all.allocated"] - before) / steps
+    operations = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA) / steps
+    return operations, allocations
+
+
+def print_gpu_work(pairs: dict, names, x, grad) -> None:
+    """gpu_work_per_step of every module and recipe, with the parameters in the input's
+    dtype and, for fp32, also under torch.autocast(bfloat16)."""
+    modes = [("", False)] + ([(" autocast bf16", True)] if x.dtype == torch.float32 else [])
+    print("\nGPU operations (kernels, memsets, copies) / allocations per forward + backward:")
+    labels = ["PyTorch"] + [f"OpenTE {label}" for label in RECIPES]
+    print("| module | " + " | ".join(labels) + " |")
+    print("|" + "---|" * (len(labels) + 1))
+    for module_name in names:
+        make_ref, make_te = pairs[module_name]
+        for suffix, autocast in modes:
+            ref, ours = make_ref(), make_te()
+            cells = [gpu_work_per_step(training_step(ref, x, grad, None, autocast))]
+            cells += [gpu_work_per_step(training_step(ours, x, grad, recipe, autocast)) for recipe in RECIPES.values()]
+            print(f"| {module_name}{suffix} | " + " | ".join(f"{ops:g} / {allocs:g}" for ops, allocs in cells) + " |")
 
 
 @contextlib.contextmanager
@@ -219,6 +259,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                         help="parameters and input (FP8 training usually keeps bf16 ones)")
     parser.add_argument("--eager-only", action="store_true", help="no CUDA-graphed table")
+    parser.add_argument("--count", action="store_true",
+                        help="also count GPU operations and allocations per step (CUDA; torch.profiler)")
     parser.add_argument("--split", action="store_true",
                         help="also split te.Linear's backward (to enter / body / after; real kernels)")
     args = parser.parse_args()
@@ -256,6 +298,8 @@ def main() -> None:
         print("| " + " | ".join(row) + " |")
     if device == "cuda" and not args.eager_only:
         print_graphed(pairs, args.modules.split(","), x, grad, args.iters, args.rounds)
+    if device == "cuda" and args.count:
+        print_gpu_work(pairs, args.modules.split(","), x, grad)
     if args.split:
         print_split(device, t, h, steps=args.iters * 20, dtype=dtype)
 
