@@ -81,19 +81,23 @@ def hp_linear_forward(weight: torch.Tensor, x: torch.Tensor, bias: Optional[torc
     return torch.nn.functional.linear(x, weight, bias)
 
 
-def hp_dgrad(weight: torch.Tensor, dy: torch.Tensor, dev: CoreDevice) -> torch.Tensor:
+def hp_dgrad(weight: torch.Tensor, dy: torch.Tensor, dev: CoreDevice,
+             out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """dy W; on the GPU written in ``out_dtype`` (default dy's) by the GEMM itself."""
     if dev.type == CUDA:
-        return module_ops.gemm(weight, dy, dev, dy.dtype, False, False)
+        return module_ops.gemm(weight, dy, dev, out_dtype or dy.dtype, False, False)
     return dy @ weight
 
 
-def hp_wgrad(x: torch.Tensor, dy: torch.Tensor, dev: CoreDevice, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """dy^T x, added into ``out`` when given (fuse_wgrad_accumulation)."""
+def hp_wgrad(x: torch.Tensor, dy: torch.Tensor, dev: CoreDevice, out: Optional[torch.Tensor] = None,
+             out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """dy^T x, added into ``out`` when given (fuse_wgrad_accumulation); on the GPU written
+    in ``out_dtype`` (default dy's) by the GEMM itself."""
     if dev.type == CUDA:
         if out is not None:  # a buffer of the user's: through the checked helper
             return general_gemm(x, dy, get_workspace(dy.device), out_dtype=out.dtype, layout="NT", out=out,
                                 accumulate=True)[0]
-        return module_ops.gemm(x, dy, dev, dy.dtype, False, True)
+        return module_ops.gemm(x, dy, dev, out_dtype or dy.dtype, False, True)
     grad = dy.t() @ x
     if out is not None:
         out.add_(grad.to(out.dtype))
@@ -109,6 +113,19 @@ def columnwise_only(t: Float8TensorBase) -> Float8TensorBase:
     if t._data is None or t._transpose is None:
         return t
     return Float8TensorBase.wrap(None, t._transpose, t._scale_inv, t._fp8_dtype)
+
+
+def gemm_out_dtype(wanted: Optional[torch.dtype], dtype: torch.dtype, dev: CoreDevice) -> torch.dtype:
+    """The dtype a backward GEMM writes a gradient in: the one it is returned in
+    (``wanted``: the weight's, or the input's) where that is a float dtype, on the GPU,
+    whose GEMM converts for free in its epilogue; else the compute ``dtype`` (the caller
+    converts). The CPU keeps ``dtype``, so both devices round the same way."""
+    if wanted is None or dev.type != CUDA or wanted not in _FLOAT_DTYPES:
+        return dtype
+    return wanted
+
+
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def fp8_gemm_bias_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -218,13 +235,17 @@ def linear_gemm_backward(step: FP8Step, dy: Optional[torch.Tensor], saved_x, sav
                          need_wgrad: bool, need_dgrad: bool, fuse_wgrad_accumulation: bool, dev: CoreDevice,
                          index: int = 0, want_dbias: bool = False, dy_fp8: Optional[Float8TensorBase] = None,
                          defer_to: Optional[WgradTarget] = None, dgrad_fp8: bool = False,
-                         weight_parts: Optional[Sequence[torch.nn.Parameter]] = None):
+                         weight_parts: Optional[Sequence[torch.nn.Parameter]] = None,
+                         dx_dtype: Optional[torch.dtype] = None):
     """dgrad and wgrad of a linear layer from its output gradient ``dy`` (2-D, ``dtype``, or
     FP8 storage from the next layer's fp8_grad), cast to FP8 (backward tensor ``index``)
     under FP8 unless ``dy_fp8`` is already that cast. With ``want_dbias`` also the bias
     gradient (dy summed over rows, ``dtype``): under delayed scaling from the same pass as
     the cast. With ``dgrad_fp8`` (FP8 steps only) dx is row-wise FP8 storage (backward
-    tensor ``index + 1``). Returns (dx, dw, dbias); dw is None when it went into
+    tensor ``index + 1``). A high-precision dx comes in ``dx_dtype`` (default ``dtype``):
+    on the GPU the dgrad GEMM writes it so, rather than a conversion after it (an fp32
+    input under torch.autocast), and dw comes in the weight's dtype the same way. Returns
+    (dx, dw, dbias); dw is None when it went into
     ``weight.main_grad`` (fuse_wgrad_accumulation; for a split weight, ``weight`` joins
     ``weight_parts``, and each part's main_grad takes its rows).
 
@@ -246,14 +267,14 @@ def linear_gemm_backward(step: FP8Step, dy: Optional[torch.Tensor], saved_x, sav
             if dgrad_fp8:
                 dx = _dgrad_to_fp8(step, saved_w, dy_fp8, dtype, index + 1, dev)
             else:
-                dx = module_ops.gemm(saved_w, dy_fp8, dev, dtype, False, False,
+                dx = module_ops.gemm(saved_w, dy_fp8, dev, gemm_out_dtype(dx_dtype, dtype, dev), False, False,
                                      split_accumulator=_split(step, "fp8_gemm_dgrad"))
         dy_for_wgrad, wgrad_dbias = dy_fp8, False
     else:
         if step.calibrating:
             record_amax(dy, step, False, index)
         if need_dgrad:
-            dx = hp_dgrad(saved_w, dy, dev)
+            dx = hp_dgrad(saved_w, dy, dev, gemm_out_dtype(dx_dtype, dtype, dev))
         dy_for_wgrad, wgrad_dbias = dy, want_dbias and need_wgrad
         if want_dbias and not need_wgrad:
             dbias = dy.sum(0)
@@ -271,22 +292,26 @@ def linear_wgrad(step: FP8Step, saved_x, dy, weight, dtype: torch.dtype, main_gr
                  want_dbias: bool, dev: CoreDevice):
     """The weight-gradient GEMM dy^T x (``dy`` in FP8 under FP8), added into ``main_grad``
     when given; with ``want_dbias`` (high precision only) also dy's column sums. Returns
-    (dw in the weight's dtype or None when it went into main_grad, dbias or None)."""
+    (dw in the weight's dtype or None when it went into main_grad, dbias or None). On the
+    GPU the GEMM writes dw in the weight's dtype (an fp32 weight under torch.autocast:
+    fp32 straight from the accumulator, no bf16 copy and conversion)."""
     dw = dbias = None
+    dw_dtype = gemm_out_dtype(weight.dtype, dtype, dev)
     if step.fp8:
         if main_grad is not None:  # a buffer of the user's: through the checked helper
             out = main_grad.buffer
             general_gemm(saved_x, dy, get_workspace(out.device), out_dtype=out.dtype, layout="NT", out=out,
                          accumulate=True, use_split_accumulator=_split(step, "fp8_gemm_wgrad"))
         else:
-            dw = module_ops.gemm(saved_x, dy, dev, dtype, False, True, split_accumulator=_split(step, "fp8_gemm_wgrad"))
+            dw = module_ops.gemm(saved_x, dy, dev, dw_dtype, False, True,
+                                 split_accumulator=_split(step, "fp8_gemm_wgrad"))
     else:
         if main_grad is not None:
             hp_wgrad(saved_x, dy, dev, out=main_grad.buffer)
         elif want_dbias and dev.type == CUDA:  # dbias from the wgrad GEMM's epilogue: one launch fewer
             dw, dbias = module_ops.gemm_bias_grad(saved_x, dy, dev, dy.dtype, False, True)
         else:
-            dw = hp_wgrad(saved_x, dy, dev)
+            dw = hp_wgrad(saved_x, dy, dev, out_dtype=dw_dtype)
         if want_dbias and dbias is None:
             dbias = dy.sum(0)
     if main_grad is not None:
@@ -383,7 +408,8 @@ class _LinearFunction(torch.autograd.Function):
         defer_to = delaying_module.wgrad_target(want_dbias) if delaying_module is not None else None
         dx, dw, dbias = linear_gemm_backward(step, dy, saved_x, saved_w, weight, dtype, need_wgrad, need_dgrad,
                                              fuse_wgrad_accumulation, dev, want_dbias=want_dbias, defer_to=defer_to,
-                                             dgrad_fp8=fp8_grad, weight_parts=getattr(ctx, "weight_parts", None))
+                                             dgrad_fp8=fp8_grad, weight_parts=getattr(ctx, "weight_parts", None),
+                                             dx_dtype=inp_dtype)
         if defer_to is not None:
             delaying_module.wgrad_store.put(defer_to.entry)
         if dbias is not None and dbias.dtype != bias_dtype:
