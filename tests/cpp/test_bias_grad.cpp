@@ -348,6 +348,48 @@ TEST(BiasGrad, ZeroRows) {
   for (int c = 0; c < 16; ++c) EXPECT_EQ(db2.get<uint16_t>(c), 0u);
 }
 
+// A float32 dbias next to bf16 gradients (an fp32 bias under torch.autocast): the same
+// sums unrounded, so rounded to bf16 they equal the bf16 dbias bit for bit, for the three
+// ops; the FP8 outputs are the same bytes.
+TEST(BiasGrad, Float32DbiasWithBf16Gradients) {
+  constexpr int64_t kRows = 24, kCols = 16;
+  Buffer g(kRows * kCols * 2), x(kRows * kCols * 2);
+  for (int64_t i = 0; i < kRows * kCols; ++i) {
+    store_value(g, TE_DTYPE_BFLOAT16, size_t(i), float(std::sin(0.37 * double(i))) * 3.0f + 1.0f / 3.0f);
+    store_value(x, TE_DTYPE_BFLOAT16, size_t(i), float(std::cos(0.21 * double(i))));
+  }
+  for (int op = 0; op < 3; ++op) {  // dbias cast, the same under current scaling, dact (gelu)
+    Buffer db32(kCols * 4), db16(kCols * 2);
+    Fp8Out out32(TE_DTYPE_FLOAT8_E5M2, {kRows, kCols}, kRows * kCols, kBoth, 2.0f, 0.0f);
+    Fp8Out out16(TE_DTYPE_FLOAT8_E5M2, {kRows, kCols}, kRows * kCols, kBoth, 2.0f, 0.0f);
+    te_tensor grad = make_tensor(TE_DTYPE_BFLOAT16, {kRows, kCols}, g.data());
+    te_tensor in = make_tensor(TE_DTYPE_BFLOAT16, {kRows, kCols}, x.data());
+    for (bool f32 : {true, false}) {
+      te_tensor dbias = f32 ? make_tensor(TE_DTYPE_FLOAT32, {kCols}, db32.data())
+                            : make_tensor(TE_DTYPE_BFLOAT16, {kCols}, db16.data());
+      Fp8Out& out = f32 ? out32 : out16;
+      te_status status = op == 0   ? te_dbias_cast_transpose(&grad, &out.t, &dbias, nullptr, 0, nullptr)
+                         : op == 1 ? te_dbias_cast_transpose_current_scaling(&grad, &out.t, &dbias, 0.0f, 0, nullptr,
+                                                                             0, nullptr)
+                                   : te_dact_dbias_cast_transpose(TE_ACTIVATION_GELU, &grad, &in, &out.t, &dbias,
+                                                                  nullptr, 0, nullptr);
+      ASSERT_EQ(status, TE_SUCCESS) << "op " << op << ": " << last_error();
+    }
+    bool some_unrounded = false;
+    for (int64_t c = 0; c < kCols; ++c) {
+      const float sum = db32.get<float>(size_t(c));
+      Buffer rounded(2);
+      store_value(rounded, TE_DTYPE_BFLOAT16, 0, sum);
+      EXPECT_EQ(rounded.get<uint16_t>(0), db16.get<uint16_t>(size_t(c))) << "op " << op << " column " << c;
+      some_unrounded |= float(ref_decode(format_of(TE_DTYPE_BFLOAT16), rounded.get<uint16_t>(0))) != sum;
+    }
+    EXPECT_TRUE(some_unrounded) << "op " << op << ": the float32 dbias holds bf16 values only";
+    EXPECT_EQ(out32.data.mem, out16.data.mem);
+    EXPECT_EQ(out32.data_t.mem, out16.data_t.mem);
+    EXPECT_TRUE(db32.guard_intact() && db16.guard_intact());
+  }
+}
+
 TEST(BiasGrad, WorkspaceSize) {
   EXPECT_EQ(te_dbias_workspace_size(1000, 64, cpu()), 0u);
   EXPECT_EQ(te_dbias_workspace_size(1000, 64, cuda(0)), 8u * 64 * 4);  // ceil(1000 / 128) = 8 row blocks
@@ -424,7 +466,7 @@ TEST(BiasGradBadInput, Rejected) {
       {"output float", false, [](Args& a) { a.out.dtype = TE_DTYPE_BFLOAT16; }, INV,
        {"output", "float8_e4m3 or float8_e5m2", "bfloat16"}},
       {"dbias dtype", false, [](Args& a) { a.dbias.dtype = TE_DTYPE_BFLOAT16; }, INV,
-       {"dbias dtype must equal grad dtype float32", "bfloat16"}},
+       {"dbias dtype must be grad's (float32) or float32", "bfloat16"}},
       {"act_input int32", true, [](Args& a) { a.in.dtype = TE_DTYPE_INT32; }, INV,
        {"act_input", "float32, float16 or bfloat16"}},
       {"dact grad dtype", true, [](Args& a) { a.grad.dtype = TE_DTYPE_FLOAT16; }, INV,
@@ -432,7 +474,7 @@ TEST(BiasGradBadInput, Rejected) {
       {"dact output uint8", true, [](Args& a) { a.out.dtype = TE_DTYPE_UINT8; }, INV,
        {"output", "float8_e4m3 or float8_e5m2", "uint8"}},
       {"dact dbias dtype", true, [](Args& a) { a.dbias.dtype = TE_DTYPE_FLOAT16; }, INV,
-       {"dbias dtype must equal act_input dtype"}},
+       {"dbias dtype must be act_input's (float32) or float32", "float16"}},
       {"kind 10", true, [](Args& a) { a.kind = 10; }, INV, {"kind must be a te_activation", "got 10"}},
       // shapes
       {"output shape", false, [](Args& a) { a.out.shape[1] = 7; }, INV, {"output", "[3, 7]"}},

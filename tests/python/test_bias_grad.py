@@ -17,6 +17,8 @@ elements show):
       128-row block (8 rows per thread, two half-warps, 8 warps; 16 + 8 in the generic
       kernel), then compensated sums of the blocks. Against the exact sum of the GPU's fp32
       dx the error is then at most 32U sum|dx|, plus the rounding to dbias's dtype.
+Both devices: a float32 dbias from bf16 gradients is the same sums unrounded (equal to the
+bf16 dbias once rounded to bf16).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import math
 
 import pytest
 import torch
-from conftest import requires_cuda
+from conftest import DEVICES, requires_cuda
 
 from activation_reference import (
     HALF_MIN_STEP,
@@ -40,7 +42,7 @@ from activation_reference import (
 from fp8_reference import FLOAT_DTYPES, TORCH_FP8, assert_fp8_equal, dtype_id, ref_amax, ref_columnwise, ref_quantize
 from transformer_engine import _core
 from transformer_engine.pytorch import cpp_extensions as ext
-from transformer_engine.pytorch.cpp_extensions import DType
+from transformer_engine.pytorch.cpp_extensions import DType, module_ops
 from transformer_engine.pytorch.cpp_extensions.tensor_desc import describe, stream_of
 from transformer_engine.pytorch.tensor import Float8TensorBase
 
@@ -443,3 +445,40 @@ def test_helpers_cuda(device, gen):
     torch.testing.assert_close(db_g.cpu(), db_c, rtol=2**-7, atol=1e-3)
     out = ext.dswiglu_cast_transpose(grad[:, :32].contiguous().to(device), x.to(device), E4M3, scale.to(device))
     assert out._data.shape == (96, 64) and out._transpose.shape == (64, 96)
+
+
+# ---- float32 dbias from bf16 gradients (an fp32 bias under torch.autocast) ----------------
+#
+# The core sums in fp32 and rounds once to dbias's dtype: a float32 dbias holds those sums
+# unrounded, and rounded to bf16 equals the bf16 dbias bit for bit, on both devices and on
+# every path (one block of rows writing dbias itself, the finalize over row blocks, the
+# one-block current-scaling cast, the element-wise kernel of odd widths).
+
+DBIAS_SHAPES = {"one_block": (64, 64), "row_blocks": (300, 256), "small_current": (32, 128), "odd": (130, 24)}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", ["delayed", "current", "dgelu"])
+@pytest.mark.parametrize("shape", list(DBIAS_SHAPES))
+def test_float32_dbias_is_the_unrounded_sum(device, op, shape, gen):
+    rows, cols = DBIAS_SHAPES[shape]
+    dy = (torch.randn(rows, cols, generator=gen) * 3 + 1.0 / 3).to(torch.bfloat16).to(device)
+    x = torch.randn(rows, cols, generator=gen).to(torch.bfloat16).to(device)
+    dev = module_ops.core_device(dy)
+    results = []
+    for wanted in (torch.float32, None):
+        state = torch.tensor([2.0, 0.0], device=device)  # scale, amax
+        if op == "delayed":
+            dbias, q = module_ops.dbias_quantize(dy, E5M2, state.data_ptr(), state.data_ptr() + 4, True, True, dev,
+                                                 wanted)
+        elif op == "current":
+            dbias, q = module_ops.dbias_quantize_current_scaling(dy, E5M2, 0.0, False, True, True, dev, wanted)
+        else:
+            fp8 = module_ops.Fp8Output(E5M2, state.data_ptr(), state.data_ptr() + 4, True)
+            dbias, q = module_ops.dact_dbias_quantize(int(_core.Activation.GELU), dy, x, fp8, True, dev, wanted)
+        results.append((dbias, q))
+    (d32, q32), (d16, q16) = results
+    assert d32.dtype == torch.float32 and d16.dtype == torch.bfloat16
+    assert torch.equal(d32.bfloat16(), d16)
+    assert not torch.equal(d32, d16.float()), "the float32 dbias holds bf16 values only"
+    assert torch.equal(q32._data, q16._data) and torch.equal(q32._transpose, q16._transpose)

@@ -81,3 +81,33 @@ def test_fp32_gradients_come_from_the_gemm_in_fp32_cuda(module, recipe):
         assert g.dtype == torch.float32
         assert not torch.equal(g, g.bfloat16().float()), f"{name}: the gradient went through bf16"
         torch.testing.assert_close(g, grads[1][name].float(), rtol=2.0 ** -7, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", list(RECIPES))
+@pytest.mark.parametrize("module", list(MODULES))
+def test_fp32_bias_gradients_are_the_unrounded_sums(device, module, recipe):
+    """The bias-gradient casts write an fp32 bias's gradient in fp32 (the core's fp32 column
+    sums, not rounded to bf16 and converted back): rounded to bf16 it equals the bf16
+    model's bias gradient bit for bit."""
+    torch.manual_seed(6)
+    fp32 = MODULES[module](device)
+    with torch.no_grad():
+        for p in fp32.parameters():
+            p.copy_((p + 0.01).bfloat16().float())
+    bf16 = copy.deepcopy(fp32).to(torch.bfloat16)
+    x = torch.randn(32, 64, device=device)
+    dy = torch.randn(32, 64, device=device).bfloat16()  # sums that bf16 does not hold
+    grads = []
+    for m, autocast in ((fp32, True), (bf16, False)):
+        xx = (x if autocast else x.bfloat16()).clone().requires_grad_()
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast), \
+                te.fp8_autocast(fp8_recipe=RECIPES[recipe]()):
+            y = m(xx)
+        y.backward(dy)
+        grads.append({n: p.grad for n, p in m.named_parameters() if n.endswith("bias") and "layer_norm" not in n})
+    assert grads[0]
+    for name, g in grads[0].items():
+        assert g.dtype == torch.float32
+        assert torch.equal(g.bfloat16(), grads[1][name]), name
+        assert not torch.equal(g, g.bfloat16().float()), f"{name}: the gradient went through bf16"

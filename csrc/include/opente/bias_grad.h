@@ -10,7 +10,10 @@
  *                                  (opente/activation.h) from the forward's input
  * then dx (computed in fp32) is written row-wise and / or column-wise in FP8 with
  * te_quantize's conventions, and dbias[c] = sum over rows of dx[r, c], summed in
- * fp32 from the fp32 dx and rounded once to the dbias dtype.
+ * fp32 from the fp32 dx and rounded once to the dbias dtype: the input's, or float32
+ * (an fp32 bias's gradient with bf16 activations, as under torch.autocast: the same sums,
+ * not rounded to the activations' dtype first; rounded to it they equal that dbias bit
+ * for bit).
  *
  * A tensor [d0, ..., dn-1] (n >= 1) is the matrix [rows, cols], rows = d0*...*dn-2.
  * Zero rows are allowed: dbias is then all zeros.
@@ -42,7 +45,7 @@ size_t te_dbias_workspace_size(int64_t rows, int64_t cols, te_device device);
  *   te_quantize's output: `scale` required; `data` (row-wise) and / or
  *   `columnwise_data` ([cols, rows]); `scale_inv`, if set, receives 1/scale;
  *   `amax`, if set, is raised to max(amax, max|grad|) (NaNs ignored).
- * dbias: [cols], grad's dtype, overwritten with the column sums of grad.
+ * dbias: [cols], grad's dtype or float32, overwritten with the column sums of grad.
  * All on one device. */
 te_status te_dbias_cast_transpose(const te_tensor* grad, const te_tensor* output, const te_tensor* dbias,
                                   void* workspace, size_t workspace_size, void* stream);
@@ -68,7 +71,8 @@ te_status te_dbias_cast_transpose_current_scaling(const te_tensor* grad, const t
  *     column-wise [cols, rows], amax of the fp32 dx before scaling, scale_inv), or
  *   - float32, float16 or bfloat16 (`data` written; columnwise_data must be null).
  * dbias: null (no bias gradient, no workspace needed), or [cols] in act_input's
- *   dtype, overwritten with the column sums of dx (for a gated kind: of [da | db]). */
+ *   dtype or float32, overwritten with the column sums of dx (for a gated kind: of
+ *   [da | db]). */
 te_status te_dact_dbias_cast_transpose(int32_t kind, const te_tensor* grad, const te_tensor* act_input,
                                        const te_tensor* output, const te_tensor* dbias, void* workspace,
                                        size_t workspace_size, void* stream);

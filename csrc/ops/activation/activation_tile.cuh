@@ -63,7 +63,8 @@ struct TileParams {
   float* scale_inv;       // [1], receives 1/scale; may be null
   float* amax;            // [1], raised to max|y| over the fp32 y; may be null
   float* partials;        // [ceil(rows / 128), out_cols] column sums of y per row block; may be null
-  void* sums;             // [out_cols], in_dtype: the column sums themselves, for rows <= 128 (one
+  te_dtype sums_dtype;    // of sums: in_dtype or float32
+  void* sums;             // [out_cols], sums_dtype: the column sums themselves, for rows <= 128 (one
                           // row block, no partials to add up); may be null, never with partials
   int64_t rows;
   int64_t hidden;         // H
@@ -219,7 +220,11 @@ __global__ void __launch_bounds__(kCtThreads) act_tile_kernel(TileParams p, int6
 #pragma unroll
         for (int w = 0; w < kCtThreads / 32; ++w) sum += warp_sums[w * kCtTileCols + threadIdx.x];
         if (p.sums) {
-          static_cast<In*>(p.sums)[o * h + c] = from_float<In>(sum);
+          if (p.sums_dtype == TE_DTYPE_FLOAT32) {
+            static_cast<float*>(p.sums)[o * h + c] = sum;
+          } else {
+            static_cast<In*>(p.sums)[o * h + c] = from_float<In>(sum);
+          }
         } else {
           p.partials[row_tile * out_cols + o * h + c] = sum;
         }
@@ -332,7 +337,7 @@ __global__ void __launch_bounds__(kTileGenericThreads)
         float sum = 0.0f;
         for (int g = 0; g < kTileGenericRowStep; ++g) sum += sums[o][g][tx];
         if (p.sums) {
-          store1_float(p.sums, p.in_dtype, o * h + c, sum);
+          store1_float(p.sums, p.sums_dtype, o * h + c, sum);
         } else {
           p.partials[row_tile * out_cols + o * h + c] = sum;
         }

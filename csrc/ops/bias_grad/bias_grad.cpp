@@ -24,9 +24,11 @@ void check_fp8_output(const te_tensor& out, int64_t n) {
   }
 }
 
-// dbias: [cols] in `like`'s dtype on its device.
+// dbias: [cols] in `like`'s dtype or float32 (the sums unrounded: an fp32 bias's
+// gradient under torch.autocast) on its device.
 void check_dbias(const te_tensor& dbias, const te_tensor& like, const char* like_name, int64_t cols) {
-  check_same_dtype(dbias, "dbias", like, like_name);
+  OPENTE_CHECK_ARG(dbias.dtype == like.dtype || dbias.dtype == TE_DTYPE_FLOAT32, "dbias dtype must be ",
+                   like_name, "'s (", dtype_name(like.dtype), ") or float32, got ", dtype_name(dbias.dtype));
   OPENTE_CHECK_ARG(dbias.ndim == 1 && dbias.shape[0] == cols, "dbias shape must be [", cols, "] (the last dim of ",
                    like_name, " ", shape_string(like), "), got ", shape_string(dbias));
   check_same_device(like.device, like_name, dbias.device, "dbias");
@@ -84,6 +86,7 @@ DbiasCastParams checked_dbias_cast(const te_tensor* grad_desc, const te_tensor* 
   p.hidden = m.cols;
   p.in_dtype = te_dtype(grad.dtype);
   p.out_dtype = te_dtype(out.dtype);
+  p.dbias_dtype = te_dtype(dbias.dtype);
   return p;
 }
 
@@ -162,6 +165,7 @@ void dact_dbias_cast_transpose(int32_t kind_arg, const te_tensor* grad_desc, con
   p.scale_inv = fp8 ? out.scale_inv : nullptr;
   p.amax = fp8 ? out.amax : nullptr;
   p.dbias = dbias ? dbias->data : nullptr;
+  p.dbias_dtype = dbias ? te_dtype(dbias->dtype) : te_dtype(in.dtype);
   p.rows = m.rows;
   p.hidden = h;
   p.in_dtype = te_dtype(in.dtype);

@@ -69,6 +69,7 @@ void dbias_cast_cuda(const DbiasCastParams& p, int device, void* workspace, void
   const bool direct = p.dbias && row_blocks == 1;
   t.partials = p.dbias && !direct ? static_cast<float*>(workspace) : nullptr;
   t.sums = direct ? p.dbias : nullptr;
+  t.sums_dtype = p.dbias_dtype;
   t.rows = p.rows;
   t.hidden = p.hidden;
   t.base = base_activation(p.kind);
@@ -84,7 +85,7 @@ void dbias_cast_cuda(const DbiasCastParams& p, int device, void* workspace, void
 
   if (!p.dbias || direct || cols == 0) return;
   const int64_t grid = (cols + kFinalizeCols - 1) / kFinalizeCols;
-  dispatch_float_dtype(p.in_dtype, [&](auto tag) {
+  dispatch_float_dtype(p.dbias_dtype, [&](auto tag) {
     using T = typename CudaType<decltype(tag)::value>::type;
     dbias_finalize_kernel<T><<<grid, kFinalizeCols * kFinalizeGroups, 0, s>>>(
         static_cast<const float*>(workspace), static_cast<T*>(p.dbias), row_blocks, cols);
@@ -97,7 +98,7 @@ void dbias_cast_current_scaling_cuda(const DbiasCurrentScalingParams& p, int dev
   const DbiasCastParams& c = p.cast;
   QuantizeJob job{QuantizeParams{c.grad, c.output, c.output_t, p.scale_out, p.scale_inv, nullptr, c.rows, c.hidden,
                                  c.in_dtype, c.out_dtype},
-                  p.amax_out, p.scale_out, p.fp8_max, p.epsilon, p.force_pow_2_scales, c.dbias};
+                  p.amax_out, p.scale_out, p.fp8_max, p.epsilon, p.force_pow_2_scales, c.dbias, c.dbias_dtype};
   if (small_quantize_fits(job.cast)) {
     quantize_small_cuda(&job, 1, device, stream);  // amax, scale, cast and dbias: one block
     return;

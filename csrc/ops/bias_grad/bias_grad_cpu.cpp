@@ -49,7 +49,9 @@ void dbias_cast_typed(const DbiasCastParams& p) {
     }
   }
   if (p.dbias) {
-    for (int64_t c = 0; c < cols; ++c) store_from_float<kIn>(p.dbias, c, float(sums[c]));
+    dispatch_float_dtype(p.dbias_dtype, [&](auto dbias_tag) {
+      for (int64_t c = 0; c < cols; ++c) store_from_float<decltype(dbias_tag)::value>(p.dbias, c, float(sums[c]));
+    });
   }
   if constexpr (kFp8) {
     if (p.amax) *p.amax = std::fmax(*p.amax, amax);

@@ -28,11 +28,12 @@ struct DbiasCastParams {
   const float* scale;     // [1], FP8 output only; else null
   float* scale_inv;       // [1], FP8 output only; may be null
   float* amax;            // [1], FP8 output only, raised to max|dx|; may be null
-  void* dbias;            // [cols], in_dtype; may be null
+  void* dbias;            // [cols], dbias_dtype; may be null
   int64_t rows;
   int64_t hidden;         // H: grad's columns
-  te_dtype in_dtype;      // float32, float16, bfloat16 (grad, act_input, dbias)
+  te_dtype in_dtype;      // float32, float16, bfloat16 (grad, act_input)
   te_dtype out_dtype;     // FP8, or (with an activation) float32, float16, bfloat16
+  te_dtype dbias_dtype;   // in_dtype or float32
 };
 
 // te_dbias_cast_transpose_current_scaling: grad's amax (a fresh reduction into

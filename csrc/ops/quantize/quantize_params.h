@@ -61,9 +61,11 @@ struct QuantizeJob {
   float fp8_max;     // current scaling: of cast.out_dtype
   float epsilon;
   bool force_pow_2_scales;
-  // [cols] in cast.in_dtype: the input's column sums (a bias gradient), or null. Only
-  // the one-block kernel takes it (te_dbias_cast_transpose_current_scaling's small case).
+  // [cols] in dbias_dtype (cast.in_dtype or float32): the input's column sums (a bias
+  // gradient), or null. Only the one-block kernel takes it
+  // (te_dbias_cast_transpose_current_scaling's small case).
   void* dbias = nullptr;
+  te_dtype dbias_dtype = TE_DTYPE_FLOAT32;
 };
 
 inline bool is_conversion(const QuantizeJob& job) { return !is_fp8(job.cast.out_dtype); }

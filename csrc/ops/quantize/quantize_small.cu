@@ -53,7 +53,8 @@ struct SmallJobScratch {
 // bounded), then the groups' partials of a column are added in group order with a
 // compensated sum, so a long column loses no more than a few roundings.
 template <class In>
-__device__ void column_sums(const In* in, int64_t rows, int64_t cols, In* dbias, float* partial) {
+__device__ void column_sums(const In* in, int64_t rows, int64_t cols, void* dbias, te_dtype dbias_dtype,
+                            float* partial) {
   const int segments = int(cols / 8);  // <= 256: cols <= kSmallQuantizeElements / 8
   const int groups = kThreads / segments;
   const int segment = threadIdx.x % segments, group = threadIdx.x / segments;
@@ -71,7 +72,11 @@ __device__ void column_sums(const In* in, int64_t rows, int64_t cols, In* dbias,
   for (int64_t c = threadIdx.x; c < cols; c += kThreads) {
     KahanSum total;
     for (int g = 0; g < groups; ++g) total.add(partial[g * cols + c]);
-    dbias[c] = from_float<In>(total.sum);
+    if (dbias_dtype == TE_DTYPE_FLOAT32) {
+      static_cast<float*>(dbias)[c] = total.sum;
+    } else {
+      static_cast<In*>(dbias)[c] = from_float<In>(total.sum);
+    }
   }
 }
 
@@ -127,7 +132,7 @@ __device__ void cast_job(const QuantizeJob& job, SmallJobScratch& scratch) {
       }
     }
   }
-  if (job.dbias) column_sums(in, rows, cols, static_cast<In*>(job.dbias), scratch.partial);
+  if (job.dbias) column_sums(in, rows, cols, job.dbias, job.dbias_dtype, scratch.partial);
   if (p.amax) block_max_to_global<kThreads>(local_amax, p.amax);
   if (p.scale_inv && threadIdx.x == 0) *p.scale_inv = 1.0f / scale;
 }

@@ -276,13 +276,22 @@ class QuantizeGroup:
             _core.multi_quantize_current_scaling(inputs, outputs, epsilon, pow_2, dev.stream)
 
 
+def dbias_dtype_for(grad: torch.Tensor, wanted: Optional[torch.dtype]) -> torch.dtype:
+    """The dtype a bias-gradient cast writes dbias in: float32 when that is the dtype
+    wanted (an fp32 bias with bf16 gradients, as under torch.autocast: the core writes
+    its fp32 sums unrounded, no conversion after), else the gradient's."""
+    return torch.float32 if wanted == torch.float32 else grad.dtype
+
+
 def dbias_quantize(dy: torch.Tensor, fp8_dtype: DType, scale: int, amax: int, rowwise: bool, columnwise: bool,
-                   dev: CoreDevice) -> Tuple[torch.Tensor, _f8.Float8TensorBase]:
-    """(dbias, dy in FP8) of a 2-D gradient in one pass, as bgrad_quantize()."""
+                   dev: CoreDevice, dbias_dtype: Optional[torch.dtype] = None
+                   ) -> Tuple[torch.Tensor, _f8.Float8TensorBase]:
+    """(dbias, dy in FP8) of a 2-D gradient in one pass, as bgrad_quantize(); dbias in
+    dbias_dtype_for(dy, dbias_dtype)."""
     rows, cols = dy.shape
     device = dy.device
     data, data_t, scale_inv = _fp8_buffers(rows, cols, device, rowwise, columnwise)
-    dbias = torch.empty(cols, dtype=dy.dtype, device=device)
+    dbias = torch.empty(cols, dtype=dbias_dtype_for(dy, dbias_dtype), device=device)
     ws_size = _core.dbias_workspace_size(rows, cols, dev.type, dev.index)
     ws, ws_ptr = _scratch(ws_size, dev, device)
     _core.dbias_cast_transpose(_float_desc(dy, dev, "grad"),
@@ -292,14 +301,16 @@ def dbias_quantize(dy: torch.Tensor, fp8_dtype: DType, scale: int, amax: int, ro
 
 
 def dbias_quantize_current_scaling(dy: torch.Tensor, fp8_dtype: DType, epsilon: float, force_pow_2_scales: bool,
-                                   rowwise: bool, columnwise: bool,
-                                   dev: CoreDevice) -> Tuple[torch.Tensor, _f8.Float8TensorBase]:
+                                   rowwise: bool, columnwise: bool, dev: CoreDevice,
+                                   dbias_dtype: Optional[torch.dtype] = None
+                                   ) -> Tuple[torch.Tensor, _f8.Float8TensorBase]:
     """(dbias, dy in FP8) of a 2-D gradient under current scaling, queued by one core call
-    (te_dbias_cast_transpose_current_scaling; one launch for a small dy)."""
+    (te_dbias_cast_transpose_current_scaling; one launch for a small dy); dbias in
+    dbias_dtype_for(dy, dbias_dtype)."""
     rows, cols = dy.shape
     device = dy.device
     data, data_t, scale_inv = _fp8_buffers(rows, cols, device, rowwise, columnwise)
-    dbias = torch.empty(cols, dtype=dy.dtype, device=device)
+    dbias = torch.empty(cols, dtype=dbias_dtype_for(dy, dbias_dtype), device=device)
     ws_size = _core.dbias_workspace_size(rows, cols, dev.type, dev.index)
     if dev.type == CUDA:  # the op's workspace, then its amax and scale, in the stream's scratch
         slots = (ws_size + 15) // 16 * 16
@@ -487,15 +498,15 @@ def activation_backward(kind: int, grad: torch.Tensor, x: torch.Tensor, dev: Cor
 
 
 def dact_dbias_quantize(kind: int, grad: torch.Tensor, x: torch.Tensor, fp8: Fp8Output, with_dbias: bool,
-                        dev: CoreDevice):
+                        dev: CoreDevice, dbias_dtype: Optional[torch.dtype] = None):
     """(dbias or None, dx in FP8) of the activation ``kind`` at the 2-D ``x``, one pass, as
-    dact_dbias_quantize() (dbias: dx summed over rows, x's dtype)."""
+    dact_dbias_quantize() (dbias: dx summed over rows, in dbias_dtype_for(x, dbias_dtype))."""
     rows, cols = x.shape
     device = x.device
     dx, dx_desc = _output(rows, cols, x, fp8, dev)
     dbias, dbias_desc, ws, ws_ptr, ws_size = None, None, None, 0, 0
     if with_dbias:
-        dbias = torch.empty(cols, dtype=x.dtype, device=device)
+        dbias = torch.empty(cols, dtype=dbias_dtype_for(x, dbias_dtype), device=device)
         dbias_desc = _float_desc(dbias, dev, "dbias")
         ws_size = _core.dbias_workspace_size(rows, cols, dev.type, dev.index)
         ws, ws_ptr = _scratch(ws_size, dev, device)

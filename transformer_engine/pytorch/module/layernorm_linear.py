@@ -94,7 +94,8 @@ class _LayerNormLinearFunction(torch.autograd.Function):
         d_ln_out, dw, dbias = linear_gemm_backward(ctx.step, dy, saved_x, saved_w, weight, ctx.dtype,
                                                    weight.requires_grad, True, module.fuse_wgrad_accumulation,
                                                    dev, want_dbias=want_dbias, defer_to=defer_to,
-                                                   weight_parts=module.weight_parts() if module._split else None)
+                                                   weight_parts=module.weight_parts() if module._split else None,
+                                                   dbias_dtype=ctx.bias_dtype)
         if defer_to is not None:
             module.wgrad_store.put(defer_to.entry)
         dbias = dbias.to(ctx.bias_dtype) if dbias is not None else None

@@ -83,18 +83,18 @@ def activation_forward(step: FP8Step, activation: str, fc1_out: torch.Tensor, ne
 
 
 def activation_backward(step: FP8Step, activation: str, d_act: torch.Tensor, fc1_out: torch.Tensor,
-                        want_dbias: bool, dev: CoreDevice):
+                        want_dbias: bool, dev: CoreDevice, dbias_dtype: Optional[torch.dtype] = None):
     """(high-precision dx or None, FP8 dx or None, fc1's bias gradient or None) from the
     activation output's gradient. Delayed scaling: one kernel computes the activation
     gradient, its column sums (fc1's bias gradient) and the FP8 cast in both layouts
     (backward tensor 1), reading d_act and fc1_out once. Current scaling (whose cast needs
     dx's amax first) returns dx alone: fc1's backward sums it with its cast
-    (bias_with_the_cast)."""
+    (bias_with_the_cast). ``dbias_dtype``: fc1's bias dtype (float32: the kernel's fp32 sums)."""
     kind = ACTIVATIONS[activation][0]
     if step.fp8 and step.delayed:
         state = step.bwd_state
         fp8 = Fp8Output(state.fp8_dtype, state.scale_address(1), state.amax_address(1), True)
-        dbias, dx_fp8 = module_ops.dact_dbias_quantize(kind, d_act, fc1_out, fp8, want_dbias, dev)
+        dbias, dx_fp8 = module_ops.dact_dbias_quantize(kind, d_act, fc1_out, fp8, want_dbias, dev, dbias_dtype)
         return None, dx_fp8, dbias
     dx = module_ops.activation_backward(kind, d_act, fc1_out, dev)
     if bias_with_the_cast(step):
@@ -210,13 +210,14 @@ class _LayerNormMLPFunction(torch.autograd.Function):
             fc1_target = WgradTarget(entry, [fc1_weight], [])
         d_act, d_w2, d_b2 = linear_gemm_backward(step, dy, saved_act, saved_w2, fc2_weight, dtype,
                                                  fc2_weight.requires_grad, True, fuse, dev, index=0,
-                                                 want_dbias=want_b2, defer_to=fc2_target)
-        d_fc1_out, d_fc1_fp8, d_b1 = activation_backward(step, module.activation, d_act, fc1_out, want_b1, dev)
+                                                 want_dbias=want_b2, defer_to=fc2_target, dbias_dtype=b2_dtype)
+        d_fc1_out, d_fc1_fp8, d_b1 = activation_backward(step, module.activation, d_act, fc1_out, want_b1, dev,
+                                                         b1_dtype)
         b1_with_cast = want_b1 and bias_with_the_cast(step)
         d_ln_out, d_w1, d_b1_cast = linear_gemm_backward(step, d_fc1_out, saved_ln, saved_w1, fc1_weight, dtype,
                                                          fc1_weight.requires_grad, True, fuse, dev, index=1,
                                                          dy_fp8=d_fc1_fp8, defer_to=fc1_target,
-                                                         want_dbias=b1_with_cast)
+                                                         want_dbias=b1_with_cast, dbias_dtype=b1_dtype)
         if b1_with_cast:
             d_b1 = d_b1_cast
         if fc2_target is not None:

@@ -212,21 +212,23 @@ def _fprop_to_fp8(step: FP8Step, w_fp8: Float8TensorBase, x_fp8: Float8TensorBas
 
 
 def _cast_grad(step: FP8Step, dy: torch.Tensor, index: int, want_dbias: bool, need_dgrad: bool, need_wgrad: bool,
-               dev: CoreDevice):
+               dev: CoreDevice, dbias_dtype: Optional[torch.dtype] = None):
     """(dbias or None, dy in FP8 or None) for the backward GEMMs: the layouts they read
     (row-wise for dgrad, column-wise for wgrad), nothing when neither runs. dbias comes
-    from the same core call as the cast (one pass over dy, or one launch for a small dy)."""
+    from the same core call as the cast (one pass over dy, or one launch for a small dy),
+    in float32 when ``dbias_dtype`` is (module_ops.dbias_dtype_for)."""
     if not (need_dgrad or need_wgrad):
         return (dy.sum(0) if want_dbias else None), None
     if want_dbias and step.delayed:
         state = step.bwd_state
         return module_ops.dbias_quantize(dy, state.fp8_dtype, state.scale_address(index), state.amax_address(index),
-                                         need_dgrad, need_wgrad, dev)
+                                         need_dgrad, need_wgrad, dev, dbias_dtype)
     if want_dbias:  # current scaling
         recipe = step.recipe
         qparams = recipe.fp8_quant_bwd_grad
         return module_ops.dbias_quantize_current_scaling(dy, get_fp8_te_dtype(recipe, False), qparams.amax_epsilon,
-                                                         qparams.power_2_scale, need_dgrad, need_wgrad, dev)
+                                                         qparams.power_2_scale, need_dgrad, need_wgrad, dev,
+                                                         dbias_dtype)
     dy_fp8 = cast_to_fp8(dy, step, index, dev, forward=False, rowwise=need_dgrad, columnwise=need_wgrad)
     return (dy.sum(0) if want_dbias else None), dy_fp8
 
@@ -236,12 +238,12 @@ def linear_gemm_backward(step: FP8Step, dy: Optional[torch.Tensor], saved_x, sav
                          index: int = 0, want_dbias: bool = False, dy_fp8: Optional[Float8TensorBase] = None,
                          defer_to: Optional[WgradTarget] = None, dgrad_fp8: bool = False,
                          weight_parts: Optional[Sequence[torch.nn.Parameter]] = None,
-                         dx_dtype: Optional[torch.dtype] = None):
+                         dx_dtype: Optional[torch.dtype] = None, dbias_dtype: Optional[torch.dtype] = None):
     """dgrad and wgrad of a linear layer from its output gradient ``dy`` (2-D, ``dtype``, or
     FP8 storage from the next layer's fp8_grad), cast to FP8 (backward tensor ``index``)
     under FP8 unless ``dy_fp8`` is already that cast. With ``want_dbias`` also the bias
-    gradient (dy summed over rows, ``dtype``): under delayed scaling from the same pass as
-    the cast. With ``dgrad_fp8`` (FP8 steps only) dx is row-wise FP8 storage (backward
+    gradient (dy summed over rows, ``dtype``, or float32 from the cast when ``dbias_dtype``
+    is: an fp32 bias): under FP8 from the same pass as the cast. With ``dgrad_fp8`` (FP8 steps only) dx is row-wise FP8 storage (backward
     tensor ``index + 1``). A high-precision dx comes in ``dx_dtype`` (default ``dtype``):
     on the GPU the dgrad GEMM writes it so, rather than a conversion after it (an fp32
     input under torch.autocast), and dw comes in the weight's dtype the same way. Returns
@@ -260,7 +262,7 @@ def linear_gemm_backward(step: FP8Step, dy: Optional[torch.Tensor], saved_x, sav
     dx = dbias = None
     if step.fp8:
         if dy_fp8 is None:
-            dbias, dy_fp8 = _cast_grad(step, dy, index, want_dbias, need_dgrad, need_wgrad, dev)
+            dbias, dy_fp8 = _cast_grad(step, dy, index, want_dbias, need_dgrad, need_wgrad, dev, dbias_dtype)
         elif want_dbias:
             dbias = dy.sum(0)
         if need_dgrad:
@@ -409,7 +411,7 @@ class _LinearFunction(torch.autograd.Function):
         dx, dw, dbias = linear_gemm_backward(step, dy, saved_x, saved_w, weight, dtype, need_wgrad, need_dgrad,
                                              fuse_wgrad_accumulation, dev, want_dbias=want_dbias, defer_to=defer_to,
                                              dgrad_fp8=fp8_grad, weight_parts=getattr(ctx, "weight_parts", None),
-                                             dx_dtype=inp_dtype)
+                                             dx_dtype=inp_dtype, dbias_dtype=bias_dtype)
         if defer_to is not None:
             delaying_module.wgrad_store.put(defer_to.entry)
         if dbias is not None and dbias.dtype != bias_dtype:
