@@ -243,13 +243,13 @@ def linear_gemm_backward(step: FP8Step, dy: Optional[torch.Tensor], saved_x, sav
     FP8 storage from the next layer's fp8_grad), cast to FP8 (backward tensor ``index``)
     under FP8 unless ``dy_fp8`` is already that cast. With ``want_dbias`` also the bias
     gradient (dy summed over rows, ``dtype``, or float32 from the cast when ``dbias_dtype``
-    is: an fp32 bias): under FP8 from the same pass as the cast. With ``dgrad_fp8`` (FP8 steps only) dx is row-wise FP8 storage (backward
-    tensor ``index + 1``). A high-precision dx comes in ``dx_dtype`` (default ``dtype``):
-    on the GPU the dgrad GEMM writes it so, rather than a conversion after it (an fp32
-    input under torch.autocast), and dw comes in the weight's dtype the same way. Returns
-    (dx, dw, dbias); dw is None when it went into
-    ``weight.main_grad`` (fuse_wgrad_accumulation; for a split weight, ``weight`` joins
-    ``weight_parts``, and each part's main_grad takes its rows).
+    is: an fp32 bias): under FP8 from the same pass as the cast. With ``dgrad_fp8`` (FP8
+    steps only) dx is row-wise FP8 storage (backward tensor ``index + 1``). A
+    high-precision dx comes in ``dx_dtype`` (default ``dtype``): on the GPU the dgrad GEMM
+    writes it so, rather than a conversion after it (an fp32 input under torch.autocast),
+    and dw comes in the weight's dtype the same way. Returns (dx, dw, dbias); dw is None
+    when it went into ``weight.main_grad`` (fuse_wgrad_accumulation; for a split weight,
+    ``weight`` joins ``weight_parts``, and each part's main_grad takes its rows).
 
     With ``defer_to`` (delay_wgrad_compute) the wgrad GEMM is handed to it instead of run,
     with the tensors it reads; dw is then None, and so is dbias when it comes with the
