@@ -157,7 +157,7 @@ class _LayerNormMLPFunction(torch.autograd.Function):
                                        group=group)
             w2_fp8 = module.fp8_weight("fc2_weight", fc2_weight, step, 3, is_first_microbatch, True, dev,
                                        group=group)
-        b1, b2 = gemm_bias(fc1_bias, dtype, step.fp8, group), gemm_bias(fc2_bias, dtype, step.fp8, group)
+        b1, b2 = gemm_bias(fc1_bias, dtype, step.fp8, dev, group), gemm_bias(fc2_bias, dtype, step.fp8, dev, group)
         if group is not None:
             group.run()
         ln_out, mu, rsigma, saved_ln, saved_w1, fc1_out, act_out, act_fp8 = norm_fc1_activation(

@@ -128,21 +128,23 @@ def gemm_out_dtype(wanted: Optional[torch.dtype], dtype: torch.dtype, dev: CoreD
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def fp8_gemm_bias_dtype(dtype: torch.dtype) -> torch.dtype:
+def fp8_gemm_bias_dtype(dtype: torch.dtype, dev: CoreDevice) -> torch.dtype:
     """The bias dtype of an FP8 GEMM with a ``dtype`` output: cuBLASLt's FP8 GEMM takes a
-    bf16 or fp16 bias, not an fp32 one, so an fp32 output gets its bias in bf16, as in
-    Transformer Engine (on the CPU too, so that both devices compute the same)."""
-    return torch.bfloat16 if dtype == torch.float32 else dtype
+    bf16 or fp16 bias, not an fp32 one, so on the GPU an fp32 output gets its bias in bf16,
+    as in Transformer Engine. The CPU core's GEMM adds an fp32 bias as it is (converting
+    it there cost the CPU step a tenth of its host time, for a rounding that only the GPU
+    needs)."""
+    return torch.bfloat16 if dtype == torch.float32 and dev.type == CUDA else dtype
 
 
-def gemm_bias(bias: Optional[torch.Tensor], dtype: torch.dtype, fp8: bool,
+def gemm_bias(bias: Optional[torch.Tensor], dtype: torch.dtype, fp8: bool, dev: CoreDevice,
               group: Optional[module_ops.QuantizeGroup] = None) -> Optional[torch.Tensor]:
     """``bias`` in the dtype the forward GEMM adds it in (``dtype``, or
     fp8_gemm_bias_dtype under FP8): as it is, or converted, by ``group`` when given (then
     in the launch of the step's casts, written by its ``run()``)."""
     if bias is None:
         return None
-    want = fp8_gemm_bias_dtype(dtype) if fp8 else dtype
+    want = fp8_gemm_bias_dtype(dtype, dev) if fp8 else dtype
     if bias.dtype == want:
         return bias
     return group.add_conversion(bias, want) if group is not None else bias.to(want)
@@ -174,7 +176,7 @@ def linear_gemm_forward(module: TransformerEngineBaseModule, step: FP8Step, x: t
         if w_fp8 is None:
             w_fp8 = module.fp8_weight(weight_name, weight, step, index + 1, is_first_microbatch,
                                       need_dgrad, dev, group=group)
-        bias = gemm_bias(bias, dtype, True, group)
+        bias = gemm_bias(bias, dtype, True, dev, group)
         group.run()
         saved_x = columnwise_only(x_fp8) if need_wgrad else None
         if fp8_output:
@@ -183,7 +185,7 @@ def linear_gemm_forward(module: TransformerEngineBaseModule, step: FP8Step, x: t
         out = module_ops.gemm(w_fp8, x_fp8, dev, dtype, True, False, bias=bias,
                               split_accumulator=_split(step, "fp8_gemm_fprop", default=False))
         return out, saved_x, (w_fp8 if need_dgrad else None)
-    bias = gemm_bias(bias, dtype, False)
+    bias = gemm_bias(bias, dtype, False, dev)
     if isinstance(weight, Float8TensorBase):
         w = weight.dequantize(dtype=dtype)
     else:
