@@ -22,16 +22,36 @@ MODULES = {
 RECIPES = {"delayed": DelayedScaling, "current": Float8CurrentScaling}
 
 
+def twin_modules(module: str, device):
+    """(the module with fp32 parameters holding bf16 values, and biases that are not 0;
+    its copy with bf16 parameters)."""
+    fp32 = MODULES[module](device)
+    with torch.no_grad():
+        for p in fp32.parameters():
+            p.copy_((p + 0.01).bfloat16().float())
+    return fp32, copy.deepcopy(fp32).to(torch.bfloat16)
+
+
+def step(m, x, autocast: bool, device, recipe: str, dy=None):
+    """Forward (under torch.autocast(bfloat16) when ``autocast``, else on x in bf16) and
+    backward of ``dy`` (default: the sum of the output); returns the input leaf."""
+    xx = (x if autocast else x.bfloat16()).clone().requires_grad_()
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast), \
+            te.fp8_autocast(fp8_recipe=RECIPES[recipe]()):
+        y = m(xx)
+    if dy is None:
+        y.float().sum().backward()
+    else:
+        y.backward(dy)
+    return xx
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("recipe", list(RECIPES))
 @pytest.mark.parametrize("module", list(MODULES))
 def test_autocast_equals_bf16_parameters(device, module, recipe):
     torch.manual_seed(4)
-    fp32 = MODULES[module](device)
-    with torch.no_grad():
-        for p in fp32.parameters():
-            p.copy_((p + 0.01).bfloat16().float())  # bf16 values, and biases that are not 0
-    bf16 = copy.deepcopy(fp32).to(torch.bfloat16)
+    fp32, bf16 = twin_modules(module, device)
     x = torch.randn(32, 64, device=device)
     outs = []
     for m, autocast in ((fp32, True), (bf16, False)):
@@ -63,19 +83,11 @@ def test_fp32_gradients_come_from_the_gemm_in_fp32_cuda(module, recipe):
     input's) in fp32 themselves: the values carry more than bf16's 8 bits, and match the
     bf16 model's gradients to bf16 precision."""
     torch.manual_seed(5)
-    fp32 = MODULES[module]("cuda")
-    with torch.no_grad():
-        for p in fp32.parameters():
-            p.copy_((p + 0.01).bfloat16().float())
-    bf16 = copy.deepcopy(fp32).to(torch.bfloat16)
+    fp32, bf16 = twin_modules(module, "cuda")
     x = torch.randn(32, 64, device="cuda")
     grads = []
     for m, autocast in ((fp32, True), (bf16, False)):
-        xx = (x if autocast else x.bfloat16()).clone().requires_grad_()
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast), \
-                te.fp8_autocast(fp8_recipe=RECIPES[recipe]()):
-            y = m(xx)
-        y.float().sum().backward()
+        step(m, x, autocast, "cuda", recipe)
         grads.append({name: p.grad for name, p in m.named_parameters() if p.dim() == 2})
     for name, g in grads[0].items():
         assert g.dtype == torch.float32
@@ -91,20 +103,12 @@ def test_fp32_bias_gradients_are_the_unrounded_sums(device, module, recipe):
     sums, not rounded to bf16 and converted back): rounded to bf16 it equals the bf16
     model's bias gradient bit for bit."""
     torch.manual_seed(6)
-    fp32 = MODULES[module](device)
-    with torch.no_grad():
-        for p in fp32.parameters():
-            p.copy_((p + 0.01).bfloat16().float())
-    bf16 = copy.deepcopy(fp32).to(torch.bfloat16)
+    fp32, bf16 = twin_modules(module, device)
     x = torch.randn(32, 64, device=device)
     dy = torch.randn(32, 64, device=device).bfloat16()  # sums that bf16 does not hold
     grads = []
     for m, autocast in ((fp32, True), (bf16, False)):
-        xx = (x if autocast else x.bfloat16()).clone().requires_grad_()
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast), \
-                te.fp8_autocast(fp8_recipe=RECIPES[recipe]()):
-            y = m(xx)
-        y.backward(dy)
+        step(m, x, autocast, device, recipe, dy)
         grads.append({n: p.grad for n, p in m.named_parameters() if n.endswith("bias") and "layer_norm" not in n})
     assert grads[0]
     for name, g in grads[0].items():

@@ -115,6 +115,9 @@ def columnwise_only(t: Float8TensorBase) -> Float8TensorBase:
     return Float8TensorBase.wrap(None, t._transpose, t._scale_inv, t._fp8_dtype)
 
 
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def gemm_out_dtype(wanted: Optional[torch.dtype], dtype: torch.dtype, dev: CoreDevice) -> torch.dtype:
     """The dtype a backward GEMM writes a gradient in: the one it is returned in
     (``wanted``: the weight's, or the input's) where that is a float dtype, on the GPU,
@@ -123,9 +126,6 @@ def gemm_out_dtype(wanted: Optional[torch.dtype], dtype: torch.dtype, dev: CoreD
     if wanted is None or dev.type != CUDA or wanted not in _FLOAT_DTYPES:
         return dtype
     return wanted
-
-
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def fp8_gemm_bias_dtype(dtype: torch.dtype, dev: CoreDevice) -> torch.dtype:
@@ -168,8 +168,9 @@ def linear_gemm_forward(module: TransformerEngineBaseModule, step: FP8Step, x: t
             else:
                 check_fp8_dims(x_fp8._data, "the input")
         # The input's and the weight's casts and the bias's conversion, one core call (one
-        # launch when all are small).
-        group = module_ops.QuantizeGroup(dev)
+        # launch when all are small). Nothing to cast (LayerNormMLP casts its weights and
+        # converts its biases together beforehand): no group.
+        group = module_ops.QuantizeGroup(dev) if x_fp8 is None or w_fp8 is None else None
         if x_fp8 is None:
             check_fp8_dims(x, "the input")
             x_fp8 = cast_to_fp8(x, step, index, dev, rowwise=True, columnwise=need_wgrad, group=group)
@@ -177,7 +178,8 @@ def linear_gemm_forward(module: TransformerEngineBaseModule, step: FP8Step, x: t
             w_fp8 = module.fp8_weight(weight_name, weight, step, index + 1, is_first_microbatch,
                                       need_dgrad, dev, group=group)
         bias = gemm_bias(bias, dtype, True, dev, group)
-        group.run()
+        if group is not None:
+            group.run()
         saved_x = columnwise_only(x_fp8) if need_wgrad else None
         if fp8_output:
             out = _fprop_to_fp8(step, w_fp8, x_fp8, bias, dtype, index + 2, dev)
