@@ -564,11 +564,12 @@ TEST(Norm, WorkspaceSize) {
   // CPU: none, whatever the sizes
   EXPECT_EQ(te_norm_workspace_size(37, 4096, cpu()), 0u);
   EXPECT_EQ(te_norm_workspace_size(1 << 20, 16384, cpu()), 0u);
-  // CUDA: min(rows, 256) blocks x 2 partial sums x hidden floats
+  // CUDA: min(rows, 512) blocks x 2 partial sums x hidden floats
   EXPECT_EQ(te_norm_workspace_size(1, 64, cuda()), 512u);                 // 1 * 2 * 64 * 4
   EXPECT_EQ(te_norm_workspace_size(37, 1000, cuda()), 296000u);           // 37 * 2 * 1000 * 4
   EXPECT_EQ(te_norm_workspace_size(256, 768, cuda()), 1572864u);          // 256 * 2 * 768 * 4
-  EXPECT_EQ(te_norm_workspace_size(8192, 16384, cuda(1)), 33554432u);     // 256 * 2 * 16384 * 4 = 32 MiB
+  EXPECT_EQ(te_norm_workspace_size(400, 768, cuda()), 2457600u);          // 400 * 2 * 768 * 4
+  EXPECT_EQ(te_norm_workspace_size(8192, 16384, cuda(1)), 67108864u);     // 512 * 2 * 16384 * 4 = 64 MiB
   EXPECT_EQ(te_norm_workspace_size(0, 4096, cuda()), 0u);
   EXPECT_EQ(te_norm_workspace_size(5, 0, cuda()), 0u);
   EXPECT_EQ(te_norm_workspace_size(-1, 64, cuda()), 0u);

@@ -71,6 +71,29 @@ TEST(NormRowShape, BackwardBuckets) {
   EXPECT_FALSE(opente::norm_bwd_row_shape(opente::kNormBwdMaxRegisterHidden + 1).in_registers());
 }
 
+TEST(NormRowShape, PipelinedBackward) {
+  for (int64_t hidden = 1; hidden <= opente::kNormBwdMaxRegisterHidden + 1; ++hidden) {
+    SCOPED_TRACE(testing::Message() << "pipelined backward, hidden " << hidden);
+    const NormRowShape s = opente::norm_bwd_pipelined_row_shape(hidden);
+    const bool taken = hidden > opente::kNormBwdPipelinedMinHidden && hidden <= opente::kNormBwdMaxRegisterHidden;
+    ASSERT_EQ(s.in_registers(), taken);
+    if (!taken) continue;
+    // one row a block of whole warps, the smallest that covers the row, within the
+    // kernel's __launch_bounds__ and its reduction's scratch (kMaxWarps)
+    EXPECT_EQ(s.chunks, opente::kNormBwdPipelinedChunks);
+    EXPECT_EQ(s.rows_per_block, 1);
+    const int t = s.threads_per_row;
+    EXPECT_EQ(t % 32, 0) << t;
+    EXPECT_LE(t, opente::kNormBwdPipelinedMaxThreads);
+    const int64_t per_thread = int64_t(s.chunks) * 8;
+    EXPECT_GE(int64_t(t) * per_thread, hidden);
+    EXPECT_LT(int64_t(t - 32) * per_thread, hidden);
+    // gamma's fp32 tile and two stages of dz and x (16 bytes a chunk each)
+    const int64_t smem = int64_t(s.chunks) * 8 * t * 4 + 2 * 2 * int64_t(s.chunks) * 16 * t;
+    EXPECT_LE(smem, kMaxSmemPerBlock);
+  }
+}
+
 TEST(NormRowShape, BenchmarkedSizes) {
   auto same = [](const NormRowShape& s, int chunks, int threads, int rows) {
     return s.chunks == chunks && s.threads_per_row == threads && s.rows_per_block == rows;
@@ -88,6 +111,10 @@ TEST(NormRowShape, BenchmarkedSizes) {
   EXPECT_TRUE(same(opente::norm_bwd_row_shape(8192), 2, 512, 1));
   EXPECT_TRUE(same(opente::norm_bwd_row_shape(8193), 4, 288, 1));
   EXPECT_TRUE(same(opente::norm_bwd_row_shape(16384), 4, 512, 1));
+  // the pipelined backward (16-bit rows past 4096): a block a row, 16 elements a thread
+  EXPECT_TRUE(same(opente::norm_bwd_pipelined_row_shape(5120), 2, 320, 1));
+  EXPECT_TRUE(same(opente::norm_bwd_pipelined_row_shape(8192), 2, 512, 1));
+  EXPECT_TRUE(same(opente::norm_bwd_pipelined_row_shape(16384), 2, 1024, 1));
 }
 
 }  // namespace

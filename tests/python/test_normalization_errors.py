@@ -241,7 +241,8 @@ def test_workspace_size_query():
     assert _core.norm_workspace_size(37, 4096, CPU, 0) == 0
     assert _core.norm_workspace_size(1, 64, CUDA, 0) == 1 * 2 * 64 * 4
     assert _core.norm_workspace_size(100, 1000, CUDA, 0) == 100 * 2 * 1000 * 4
-    assert _core.norm_workspace_size(8192, 16384, CUDA, 0) == 256 * 2 * 16384 * 4  # at most 256 row blocks
+    assert _core.norm_workspace_size(400, 1000, CUDA, 0) == 400 * 2 * 1000 * 4
+    assert _core.norm_workspace_size(8192, 16384, CUDA, 0) == 512 * 2 * 16384 * 4  # at most 512 row blocks
     assert _core.norm_workspace_size(0, 64, CUDA, 0) == 0
 
 

@@ -39,12 +39,12 @@ extern "C" {
  * RMSNorm) asks of CUDA callers for `rows` x `hidden` inputs; 0 for the CPU and
  * for rows <= 0 or hidden <= 0. On CUDA it is
  *
- *   min(rows, 256) * 2 * hidden * sizeof(float)
+ *   min(rows, 512) * 2 * hidden * sizeof(float)
  *
  * room for the fp32 partial sums of dgamma and dbeta ([blocks, 2, hidden]) that
  * the backward's blocks write, a row each, before a last pass sums each column.
- * The backward runs one wave of blocks (one or two an SM: 132 to 256 on H100 /
- * H200), at most 256, so the size depends on the shape alone. The summation order follows the grid: results
+ * The backward runs one wave of blocks (one to three an SM: 132 to 396 on H100 /
+ * H200), at most 512, so the size depends on the shape alone. The summation order follows the grid: results
  * repeat bit for bit on one GPU model, and may differ in the last bits on a model
  * with another SM count. The forward needs no scratch of its own today and
  * accepts the same buffer, so a caller sizes one workspace for both directions. */

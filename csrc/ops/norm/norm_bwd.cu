@@ -1,19 +1,20 @@
 // LayerNorm and RMSNorm backward on the GPU, in two kernels.
 //
-// 1. Rows: row groups as in the forward (norm_launch.h). A group loads its row of
-//    dz and x once into registers, in their dtype, takes the row's two sums (one
-//    shuffle reduction of a pair) and writes dx. Each thread also adds dz * xhat
-//    and dz for its columns over all the rows it visits: in fp32 registers, or, for
-//    a row group alone in its block (bwd_sums_shared), in its own slots of shared
-//    memory, with x hat and dz * gamma recomputed for dx rather than held across the
-//    reduction. At the end the block adds its groups' sums in shared memory (a
+// 1. Rows (vectorized 16-bit rows longer than 4096 take norm_bwd_pipelined.cu's
+//    kernel instead, which writes the same partial sums): row groups as in the
+//    forward (norm_launch.h). A group loads its row of dz and x once into
+//    registers, in their dtype, takes the row's two sums (one shuffle reduction of
+//    a pair) and writes dx. Each thread also adds dz * xhat and dz for its columns
+//    over all the rows it visits: in fp32 registers, or, for a row group alone in
+//    its block (bwd_sums_shared), in its own slots of shared memory, with x hat and
+//    dz * gamma recomputed for dx rather than held across the reduction. At the end the block adds its groups' sums in shared memory (a
 //    fixed pairwise order) and writes one [2, hidden] row of partial sums to the
 //    workspace. So dz and x are read exactly once.
 // 2. Finalize: threads along hidden add the blocks' partial rows (coalesced) and
 //    write dgamma and dbeta in the weights' dtype. A grid of one block (a few rows)
 //    writes them itself instead, and the finalize is not launched.
-// The backward runs one wave (one or two blocks an SM) of at most kNormMaxRowBlocks
-// blocks, so its partial sums fit te_norm_workspace_size's [min(rows, 256), 2, hidden]
+// The backward runs one wave (one to three blocks an SM) of at most kNormMaxRowBlocks
+// blocks, so its partial sums fit te_norm_workspace_size's [min(rows, 512), 2, hidden]
 // floats. The sums' order depends on the grid (the GPU's SM count), and is the same
 // from run to run.
 // Rows too long for registers go to norm_fallback.cu, whose partials the same
@@ -55,15 +56,11 @@ __device__ __forceinline__ void accumulate_chunk(float* sums, int tile, const Ro
 
 // Where a thread adds up its columns' dgamma / dbeta: in shared memory for the long
 // rows (32 elements a thread) and for 16-bit rows alone in their block (hidden 4097
-// to 8192), in registers otherwise (a block's groups then fold their sums through
-// shared memory at the end; fp32 rows keep them there too). With the sums out of the
-// registers, and x hat and dz * gamma recomputed for dx rather than held, a block of
-// the 16-element bucket (hidden 4097 to 8192) fits in 64 registers a thread and two
-// blocks share an SM: 32 warps instead of 16 to overlap one row's loads with another's
-// reduction (ncu, layernorm at 8192 x 8192 on an H100: DRAM at 69% of peak with one
-// block, a warp eligible in 46% of cycles). Layernorm there went from 74.6% to 79.9%
-// of copy bandwidth, RMSNorm from 77.8% to 82.7% (H100). For blocks of several rows
-// it lost (RMSNorm at 16384 x 4096: 90.4% -> 82.5%, 32768 x 1024: 84.4% -> 78.7%).
+// to 8192; here only element-by-element ones: the vectorized go to the pipelined
+// kernel), in registers otherwise (a block's groups then fold their sums through
+// shared memory at the end; fp32 rows keep them there too). For blocks of several
+// rows the shared sums lost (RMSNorm at 16384 x 4096: 90.4% -> 82.5% of copy
+// bandwidth, 32768 x 1024: 84.4% -> 78.7%, H100).
 bool bwd_sums_shared(const NormBwdParams& p, const NormRowShape& shape) {
   return shape.chunks == kNormBwdLongChunks || (shape.rows_per_block == 1 && dtype_size(p.in_dtype) == 2);
 }
@@ -143,11 +140,12 @@ struct RowInputs {
 // 5-20% slower (H100, seventh session).
 //
 // kSharedSums (bwd_sums_shared: one row group a block): the column sums in shared
-// memory and x hat, dz * gamma recomputed for dx; in the 16-element bucket (16-bit
-// rows) with room for two blocks an SM (at most 64 registers a thread) where the
-// rows are vectorized (element by element, 64 registers spilled 84-176 bytes).
+// memory and x hat, dz * gamma recomputed for dx (holding them spilled the long
+// rows' registers). Only rows the pipelined kernel does not take come here: fp32, and 16-bit
+// rows element by element (whose 64-register form for two blocks an SM spilled
+// 84-176 bytes).
 template <te_dtype kIn, int kChunks, bool kLayerNorm, bool kVectorized, bool kStaged, bool kSharedSums>
-__global__ void __launch_bounds__(kNormMaxBlockThreads, kSharedSums && kChunks == kNormBwdChunks && kVectorized ? 2 : 1)
+__global__ void __launch_bounds__(kNormMaxBlockThreads)
     norm_bwd_rows_kernel(NormBwdParams p, int threads_per_row, int rows_per_block, float* partials) {
   using In = typename CudaType<kIn>::type;
   // LayerNorm reduces (sum dyg, sum dyg * xhat) at once; RMSNorm only the second.
@@ -207,7 +205,7 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads, kSharedSums && kChunks =
     float sum_dyg = 0.0f, sum_dyg_xhat = 0.0f;
     // x hat and dz * gamma, held for dx when kHold (sums in registers: faster than
     // recomputing them), recomputed there otherwise (the long rows' registers went to
-    // spills when they were held; the 16-element rows alone in a block keep to 64)
+    // spills when they were held)
     constexpr bool kHold = !kSharedSums;
     float held_xhat[kHold ? kChunks : 1][kChunk], held_dyg[kHold ? kChunks : 1][kChunk];
 #pragma unroll
@@ -327,7 +325,7 @@ __global__ void __launch_bounds__(kFinalizeColumns* kFinalizeLanes)
                              te_dtype w_dtype) {
   __shared__ float sums[2][kFinalizeLanes][kFinalizeColumns];
   const int64_t c = int64_t(blockIdx.x) * kFinalizeColumns + threadIdx.x;
-  KahanSum dg, db;  // up to 256 / 16 terms a lane, then 16 lanes: cheap to compensate here
+  KahanSum dg, db;  // up to 512 / 16 terms a lane, then 16 lanes: cheap to compensate here
   if (c < hidden) {
     for (int64_t s = threadIdx.y; s < slots; s += kFinalizeLanes) {
       const float* slot = partials + s * 2 * hidden;  // [2, hidden]
@@ -397,10 +395,12 @@ int64_t launch_rows_kernel(const NormBwdParams& p, const NormRowShape& shape, in
       } else {
         launch_norm(Chunks{}, std::false_type{}, std::false_type{});
       }
-    } else if (shape.chunks == kNormBwdLongChunks) {
-      launch_norm(LongChunks{}, std::false_type{}, std::true_type{});
-    } else if constexpr (kIn != TE_DTYPE_FLOAT32) {  // 16-bit rows alone in their block (bwd_sums_shared)
-      launch_norm(Chunks{}, std::false_type{}, std::true_type{});
+    } else if constexpr (!(kVec && kIn != TE_DTYPE_FLOAT32)) {  // those are the pipelined kernel's
+      if (shape.chunks == kNormBwdLongChunks) {
+        launch_norm(LongChunks{}, std::false_type{}, std::true_type{});
+      } else if constexpr (kIn != TE_DTYPE_FLOAT32) {  // 16-bit rows alone in their block (bwd_sums_shared)
+        launch_norm(Chunks{}, std::false_type{}, std::true_type{});
+      }
     }
   };
   dispatch_float_dtype(p.in_dtype, [&](auto in_tag) {
@@ -410,8 +410,9 @@ int64_t launch_rows_kernel(const NormBwdParams& p, const NormRowShape& shape, in
       launch_bucket(in_tag, std::false_type{});
     }
   });
-  // fp32 rows keep their sums in registers up to hidden 8192 (bwd_sums_shared): every
-  // shape above has its kernel
+  // fp32 rows keep their sums in registers up to hidden 8192 (bwd_sums_shared), and
+  // norm_bwd_cuda sends vectorized 16-bit rows alone in a block (hidden > 4096) to the
+  // pipelined kernel: every shape that comes here has its kernel
   if (grid == 0) fail(TE_ERROR_INTERNAL, concat("norm backward: no rows kernel for hidden ", p.hidden));
   return grid;
 }
@@ -427,12 +428,14 @@ void norm_bwd_cuda(const NormBwdParams& p, int device, void* workspace, size_t /
   int64_t slots = 0;                                // zero rows: dgamma = dbeta = 0
   if (p.rows > 0) {
     const NormRowShape shape = norm_bwd_row_shape(p.hidden);
-    if (shape.in_registers()) {
+    if (norm_bwd_pipelined_takes(p)) {
+      slots = norm_bwd_pipelined_cuda(p, device, partials, stream);
+      if (slots == 1) return;  // one block wrote dgamma / dbeta itself
+    } else if (shape.in_registers()) {
       slots = launch_rows_kernel(p, shape, device, partials, s);
       if (slots == 1) return;  // one block wrote dgamma / dbeta itself
     } else {
-      norm_bwd_fallback_cuda(p, device, partials, stream);
-      slots = norm_row_blocks(p.rows);
+      slots = norm_bwd_fallback_cuda(p, device, partials, stream);
     }
   }
   const int64_t col_blocks = (p.hidden + kFinalizeColumns - 1) / kFinalizeColumns;

@@ -5,8 +5,8 @@
 // Forward: a block per row (the grid strides over rows); the row is cached in
 // shared memory as fp32 when it fits, else re-read from L2 for each pass.
 // Backward: a row kernel writes dx; a column kernel adds dz * xhat and dz over a
-// fixed partition of the rows into the workspace ([norm_row_blocks(rows), 2,
-// hidden]), which norm_bwd.cu's finalize kernel sums.
+// fixed partition of the rows into the workspace ([min(rows, 256), 2, hidden]),
+// which norm_bwd.cu's finalize kernel sums.
 #include <algorithm>
 
 #include "common/cuda_utils.h"
@@ -20,6 +20,9 @@ namespace {
 using namespace norm_kernels;
 
 constexpr int kThreads = 256;
+// Row blocks of the backward's partial sums (<= kNormMaxRowBlocks): each adds a share
+// of the rows for its columns, so more would only add partial rows to write and sum.
+constexpr int64_t kBwdRowBlocks = 256;
 // Rows up to this many elements are cached in shared memory (fp32): 192 KiB
 // leaves room on Hopper's 227 KiB per block; longer rows are re-read from L2.
 constexpr int64_t kMaxCachedHidden = 48 * 1024;
@@ -171,10 +174,10 @@ void norm_fwd_fallback_cuda(const NormFwdParams& p, int device, void* stream) {
   });
 }
 
-void norm_bwd_fallback_cuda(const NormBwdParams& p, int device, float* partials, void* stream) {
-  if (p.rows <= 0) return;  // the caller's finalize writes the zeros
+int64_t norm_bwd_fallback_cuda(const NormBwdParams& p, int device, float* partials, void* stream) {
+  if (p.rows <= 0) return 0;  // the caller's finalize writes the zeros
   const cudaStream_t s = as_stream(stream);
-  const int64_t row_blocks = norm_row_blocks(p.rows);
+  const int64_t row_blocks = std::min(p.rows, kBwdRowBlocks);
   const int64_t rows_per_block = (p.rows + row_blocks - 1) / row_blocks;
   const int64_t col_blocks = (p.hidden + kThreads - 1) / kThreads;
   dispatch_float_dtype(p.in_dtype, [&](auto in_tag) {
@@ -186,6 +189,7 @@ void norm_bwd_fallback_cuda(const NormBwdParams& p, int device, float* partials,
         p, partials, rows_per_block);
     check_launch("norm_bwd_partials_fallback_kernel");
   });
+  return row_blocks;
 }
 
 }  // namespace opente

@@ -384,11 +384,11 @@ __device__ __forceinline__ void sync_row_group(int barrier, int threads) {
 // warp, then (groups of several warps) the warps' sums through shared memory, added
 // in warp order. Every thread ends with the same bits (a + b == b + a in IEEE), so
 // the statistics a group derives agree across its threads.
-// Scratch: [2][kNormMaxBlockWarps] alternating between calls, so one barrier a sum
+// Scratch: [2][kMaxWarps] alternating between calls, so one barrier a sum
 // suffices: a warp that writes a buffer again has passed the barrier of the sum in
 // between, which every reader of the buffer's previous sum has reached first.
 // All threads of a warp must call sum() together (full-warp shuffles).
-template <class V>
+template <class V, int kMaxWarps = kNormMaxBlockWarps>
 class RowReduction {
  public:
   __device__ __forceinline__ RowReduction(V* scratch, const RowGroup& group) : scratch_(scratch), group_(group) {}
@@ -402,7 +402,7 @@ class RowReduction {
     if (group_.threads <= 32) return v;
     const int warps = group_.threads / 32;
     const int first_warp = group_.index * warps;
-    V* buf = scratch_ + parity_ * kNormMaxBlockWarps;
+    V* buf = scratch_ + parity_ * kMaxWarps;
     parity_ ^= 1;
     if (threadIdx.x % 32 == 0) buf[threadIdx.x / 32] = v;
     sync_row_group(1 + group_.index, group_.threads);  // barrier 0 is __syncthreads'

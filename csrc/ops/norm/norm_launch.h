@@ -33,6 +33,10 @@ struct NormRowShape {
 NormRowShape norm_fwd_row_shape(int64_t hidden);
 // The backward's; chunks == 0 beyond kNormBwdMaxRegisterHidden.
 NormRowShape norm_bwd_row_shape(int64_t hidden);
+// The pipelined backward's (norm_bwd_pipelined.cu: 16-bit rows, one a block of up to
+// kNormBwdPipelinedMaxThreads, 16 elements a thread): hidden kNormBwdPipelinedMinHidden + 1
+// to kNormBwdMaxRegisterHidden; chunks == 0 outside.
+NormRowShape norm_bwd_pipelined_row_shape(int64_t hidden);
 
 // The compile-time buckets: chunks a thread holds. Forward: 2 (hidden <= 512) or 4.
 // Backward: 2 up to hidden 8192 (a column costs it x hat, dz * gamma and two
@@ -42,6 +46,11 @@ constexpr int kNormFwdSmallChunks = 2;
 constexpr int kNormFwdChunks = 4;
 constexpr int kNormBwdChunks = 2;
 constexpr int kNormBwdLongChunks = 4;
+constexpr int kNormBwdPipelinedChunks = 2;
+constexpr int kNormBwdPipelinedMaxThreads = 1024;
+// Rows up to this long go to blocks of several rows (the pipelined kernel's grid, one
+// row a block, would be limited to kNormMaxRowBlocks blocks of a few warps).
+constexpr int64_t kNormBwdPipelinedMinHidden = 4096;
 
 // Longest rows the register kernels take: 512 threads x 32 elements.
 constexpr int64_t kNormFwdMaxRegisterHidden = int64_t(kNormMaxBlockThreads) * kNormFwdChunks * 8;
@@ -55,10 +64,18 @@ constexpr int64_t kNormBwdMaxRegisterHidden = int64_t(kNormMaxBlockThreads) * kN
 int64_t norm_resident_grid(const void* kernel, const NormRowShape& shape, size_t dynamic_smem, int64_t rows,
                            int device, int waves = 1);
 
+// The pipelined backward (norm_bwd_pipelined.cu): whether it takes these rows (16-bit,
+// vectorized, norm_bwd_pipelined_row_shape), and its launch, which writes dx and
+// [grid, 2, hidden] partial sums into `partials` (grid <= kNormMaxRowBlocks, returned),
+// or dgamma / dbeta themselves for a grid of 1.
+bool norm_bwd_pipelined_takes(const NormBwdParams& p);
+int64_t norm_bwd_pipelined_cuda(const NormBwdParams& p, int device, float* partials, void* stream);
+
 // Fallback kernels for rows too long for registers.
 void norm_fwd_fallback_cuda(const NormFwdParams& p, int device, void* stream);
-// Writes dx and the [norm_row_blocks(rows), 2, hidden] fp32 partial sums of dgamma and
-// dbeta into `partials`; norm_bwd.cu's finalize kernel sums them.
-void norm_bwd_fallback_cuda(const NormBwdParams& p, int device, float* partials, void* stream);
+// Writes dx and [row_blocks, 2, hidden] fp32 partial sums of dgamma and dbeta into
+// `partials` (row_blocks <= norm_row_blocks(rows), returned); norm_bwd.cu's finalize
+// kernel sums them.
+int64_t norm_bwd_fallback_cuda(const NormBwdParams& p, int device, float* partials, void* stream);
 
 }  // namespace opente

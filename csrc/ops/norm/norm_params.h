@@ -15,8 +15,10 @@ namespace opente {
 enum class NormType { kLayerNorm, kRMSNorm };
 
 // The CUDA backward runs at most this many blocks, each writing a row of fp32
-// partial sums of dgamma and dbeta (te_norm_workspace_size documents the bound).
-constexpr int64_t kNormMaxRowBlocks = 256;
+// partial sums of dgamma and dbeta (te_norm_workspace_size documents the bound): one
+// wave of up to three blocks an SM (the pipelined kernel's, norm_bwd_pipelined.cu) on
+// GPUs of up to 170 SMs.
+constexpr int64_t kNormMaxRowBlocks = 512;
 
 inline int64_t norm_row_blocks(int64_t rows) { return std::min(rows, kNormMaxRowBlocks); }
 

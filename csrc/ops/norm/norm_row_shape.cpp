@@ -59,4 +59,16 @@ NormRowShape norm_bwd_row_shape(int64_t hidden) {
   return row_shape(hidden, hidden <= register_limit ? kNormBwdChunks : kNormBwdLongChunks, kNormMaxBlockThreads);
 }
 
+// Pipelined backward: one row a block (rows_per_block 1), 16 elements a thread, so
+// 288 to 1024 threads.
+NormRowShape norm_bwd_pipelined_row_shape(int64_t hidden) {
+  if (hidden <= kNormBwdPipelinedMinHidden || hidden > kNormBwdMaxRegisterHidden) return {};
+  NormRowShape shape;
+  shape.chunks = kNormBwdPipelinedChunks;
+  const int64_t elements = shape.chunks * 8;
+  shape.threads_per_row = int((hidden + elements - 1) / elements + 31) / 32 * 32;
+  shape.rows_per_block = 1;
+  return shape;
+}
+
 }  // namespace opente

@@ -1,0 +1,202 @@
+// LayerNorm and RMSNorm backward for long 16-bit rows (norm_bwd_pipelined_row_shape:
+// hidden 4097 to 16384, a multiple of 8, 16-byte aligned): one row a block at a time,
+// read from shared memory, into which the block copies the next row's dz and x
+// (cp.async) while it works on this one.
+//
+// Why a kernel of its own: the register kernel (norm_bwd.cu) spread a row this long
+// over a block of up to 512 threads, one or two blocks an SM, and a block loaded its
+// row, waited, reduced and stored in turn, so while it computed no load of another
+// row was in flight on its SM (layernorm at 4096 x 16384 took 181 us on an H100 where
+// its bytes need 134 at copy speed). Here row i + 1's loads overlap row i's
+// arithmetic and stores. The row is read from shared memory twice (the sums, then
+// dx), so no register holds it across the row's reduction, and each thread keeps its
+// 16 columns' sums (dgamma, dbeta) in registers: 64 registers, blocks of up to 1024
+// threads. (32 columns a thread, in half the threads and 128 registers, was 1-3%
+// slower at hidden 5120 and 8192 and the same at 12288 and 16384; H100.)
+//
+// Shared memory: gamma's fp32 tile (stage_weights' order), then two stages of
+// [dz, x][2 chunks][threads] 16-byte words (RowShare::stage's layout): 192 bytes a
+// thread. Hidden 16384: 192 KiB, one block of 32 warps an SM; 8192: 96 KiB, two of
+// 16; 5120: 60 KiB, three of 10 (hence kNormMaxRowBlocks = 512).
+//
+// Partial sums and the finalize are norm_bwd.cu's: block b writes partials[b] =
+// [sum dz * xhat, sum dz] over its rows, or, a grid of one block, dgamma / dbeta.
+#include <algorithm>
+#include <type_traits>
+
+#include "common/cuda_utils.h"
+#include "common/dtype.h"
+#include "ops/norm/norm_kernels_common.cuh"
+#include "ops/norm/norm_launch.h"
+
+namespace opente {
+namespace {
+
+using namespace norm_kernels;
+
+// Chunk j of this thread's share of a staged 16-bit row (one 16-byte word a chunk).
+template <class In>
+__device__ __forceinline__ Vec8<In> staged_chunk(const uint4* stage, int j) {
+  Vec8<In> v;
+  *reinterpret_cast<uint4*>(&v) = stage[j * int(blockDim.x) + int(threadIdx.x)];
+  return v;
+}
+
+constexpr int kChunks = kNormBwdPipelinedChunks;
+
+template <te_dtype kIn, bool kLayerNorm>
+__global__ void __launch_bounds__(kNormBwdPipelinedMaxThreads)
+    norm_bwd_pipelined_kernel(NormBwdParams p, float* partials) {
+  using In = typename CudaType<kIn>::type;
+  using Share = RowShare<In, kChunks, true>;
+  static_assert(Share::kWordsPerChunk == 1, "16-bit rows: a chunk is one 16-byte word");
+  // LayerNorm reduces (sum dyg, sum dyg * xhat) at once; RMSNorm only the second.
+  using RowSums = std::conditional_t<kLayerNorm, float2, float>;
+  extern __shared__ float4 smem[];
+  constexpr int kMaxWarps = kNormBwdPipelinedMaxThreads / 32;
+  __shared__ RowSums scratch[2 * kMaxWarps];
+  const RowGroup group(int(blockDim.x));  // the block is one row group
+  const int hidden = int(p.hidden);
+  const int tile = weight_tile_floats(kChunks, group.threads);
+  float* gamma_tile = reinterpret_cast<float*>(smem);
+  const int stage_words = Share::kStageWords * group.threads;
+  uint4* stages = reinterpret_cast<uint4*>(gamma_tile + tile);  // [2][dz, x][stage_words]
+  stage_weights<kChunks>(p.gamma, p.w_dtype, hidden, p.zero_centered_gamma ? 1.0f : 0.0f, group.threads,
+                         gamma_tile);
+  __syncthreads();
+
+  const In* dz_rows = static_cast<const In*>(p.dz);  // [rows, hidden]
+  const In* x_rows = static_cast<const In*>(p.x);    // [rows, hidden]
+  // Copies row r's dz and x into `stage` (zeros past the last row: no traffic) as one
+  // commit group. Each thread copies and later reads only its own words: no barrier.
+  auto stage_row = [&](uint4* stage, int64_t r) {
+    const int limit = r < p.rows ? hidden : 0;
+    Share::stage(stage, dz_rows + r * p.hidden, p.dz, group, limit);
+    Share::stage(stage + stage_words, x_rows + r * p.hidden, p.x, group, limit);
+    commit_async_copies();
+  };
+
+  float dgamma[kChunks][kChunk] = {}, dbeta[kLayerNorm ? kChunks : 1][kChunk] = {};
+  RowReduction<RowSums, kMaxWarps> reduction(scratch, group);
+  const int64_t stride = gridDim.x;
+  int64_t r = blockIdx.x;
+  stage_row(stages, r);
+  for (int buffer = 0; r < p.rows; r += stride, buffer ^= 1) {
+    const uint4* dz_stage = stages + buffer * 2 * stage_words;
+    const uint4* x_stage = dz_stage + stage_words;
+    stage_row(stages + (buffer ^ 1) * 2 * stage_words, r + stride);
+    // (read a row ahead, the statistics made no difference: H100, 8192 x 8192)
+    const float mu = kLayerNorm ? p.mu[r] : 0.0f, rsigma = p.rsigma[r];
+    wait_async_copies<1>();  // this row's group; the next row's stays in flight
+
+    // The CPU reference's formulas, as norm_bwd.cu's. x hat is 0 past the row (a chunk
+    // lies wholly in it or past it), dz is 0 there, and so is gamma's tile.
+    auto xhat_and_dyg = [&](int j, float (&xhat)[kChunk], float (&dyg)[kChunk], float (&dz)[kChunk]) {
+      const Vec8<In> dz_raw = staged_chunk<In>(dz_stage, j), x_raw = staged_chunk<In>(x_stage, j);
+      float gamma[kChunk];
+      read_weights(gamma_tile, group, j, gamma);
+      const bool in_row = group.column(j) < hidden;
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) {
+        dz[i] = element_as_float(dz_raw, i);
+        xhat[i] = in_row ? (element_as_float(x_raw, i) - mu) * rsigma : 0.0f;
+        dyg[i] = dz[i] * gamma[i];
+      }
+    };
+    float sum_dyg = 0.0f, sum_dyg_xhat = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      float xhat[kChunk], dyg[kChunk], dz[kChunk], dyg_xhat[kChunk];
+      xhat_and_dyg(j, xhat, dyg, dz);
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) {
+        dyg_xhat[i] = dyg[i] * xhat[i];
+        dgamma[j][i] += dz[i] * xhat[i];
+        if constexpr (kLayerNorm) dbeta[j][i] += dz[i];
+      }
+      if constexpr (kLayerNorm) sum_dyg += chunk_sum(dyg);
+      sum_dyg_xhat += chunk_sum(dyg_xhat);
+    }
+    float mean_dyg = 0.0f, mean_dyg_xhat;  // RMSNorm has no mean to subtract
+    if constexpr (kLayerNorm) {
+      const float2 row_sums = reduction.sum(make_float2(sum_dyg, sum_dyg_xhat));
+      mean_dyg = row_sums.x / float(hidden);
+      mean_dyg_xhat = row_sums.y / float(hidden);
+    } else {
+      mean_dyg_xhat = reduction.sum(sum_dyg_xhat) / float(hidden);
+    }
+
+    In* dx_row = static_cast<In*>(p.dx) + r * p.hidden;  // [hidden]
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      float xhat[kChunk], dyg[kChunk], dz[kChunk], dx[kChunk];
+      xhat_and_dyg(j, xhat, dyg, dz);
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) dx[i] = rsigma * (dyg[i] - mean_dyg - xhat[i] * mean_dyg_xhat);
+      store_chunk<true, kIn>(dx_row, group.column(j), hidden, dx);
+    }
+  }
+  wait_all_async_copies();  // the zero-filled copies past the last row
+
+  // This thread's columns of the block's partial row [2, hidden] (RMSNorm writes the
+  // first half); a grid of one block writes dgamma / dbeta itself, rounded once, as the
+  // finalize rounds a sum of one partial row.
+  float* out = partials + int64_t(blockIdx.x) * 2 * hidden;
+  const bool direct = gridDim.x == 1;
+  // 16-byte stores where the workspace is 16-byte aligned (hidden % 8 == 0: then every
+  // block's row and every chunk's columns are too)
+  const bool vector_out = reinterpret_cast<uintptr_t>(partials) % 16 == 0;
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int col = group.column(j);
+    if (col >= hidden) continue;
+#pragma unroll
+    for (int k = 0; k < (kLayerNorm ? 2 : 1); ++k) {
+      const float(&sums)[kChunk] = k == 0 ? dgamma[j] : dbeta[kLayerNorm ? j : 0];
+      if (direct) {
+        void* param = k == 0 ? p.dgamma : p.dbeta;
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) store_param(param, col + i, p.w_dtype, sums[i]);
+      } else if (vector_out) {
+        float4* at = reinterpret_cast<float4*>(out + k * hidden + col);
+        at[0] = make_float4(sums[0], sums[1], sums[2], sums[3]);
+        at[1] = make_float4(sums[4], sums[5], sums[6], sums[7]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) out[k * hidden + col + i] = sums[i];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool norm_bwd_pipelined_takes(const NormBwdParams& p) {
+  return norm_bwd_pipelined_row_shape(p.hidden).chunks > 0 && dtype_size(p.in_dtype) == 2 && p.hidden % kChunk == 0 &&
+         is_aligned(p.dz, 16) && is_aligned(p.x, 16) && is_aligned(p.dx, 16);
+}
+
+int64_t norm_bwd_pipelined_cuda(const NormBwdParams& p, int device, float* partials, void* stream) {
+  const NormRowShape shape = norm_bwd_pipelined_row_shape(p.hidden);
+  const size_t tile = weight_tile_floats(kChunks, shape.threads_per_row);
+  const size_t stages = 2 * 2 * size_t(kChunks) * 16 * size_t(shape.threads_per_row);  // [2][dz, x][chunks][threads] words
+  const size_t smem = tile * sizeof(float) + stages;
+  int64_t grid = 0;
+  auto launch = [&](auto kernel) {
+    const void* fn = reinterpret_cast<const void*>(kernel);
+    grid = std::min(norm_resident_grid(fn, shape, smem, p.rows, device), kNormMaxRowBlocks);
+    kernel<<<unsigned(grid), unsigned(shape.threads_per_row), smem, as_stream(stream)>>>(p, partials);
+    check_launch("norm_bwd_pipelined_kernel");
+  };
+  const bool layernorm = p.type == NormType::kLayerNorm;
+  if (p.in_dtype == TE_DTYPE_BFLOAT16) {
+    layernorm ? launch(norm_bwd_pipelined_kernel<TE_DTYPE_BFLOAT16, true>)
+              : launch(norm_bwd_pipelined_kernel<TE_DTYPE_BFLOAT16, false>);
+  } else {
+    layernorm ? launch(norm_bwd_pipelined_kernel<TE_DTYPE_FLOAT16, true>)
+              : launch(norm_bwd_pipelined_kernel<TE_DTYPE_FLOAT16, false>);
+  }
+  return grid;
+}
+
+}  // namespace opente
