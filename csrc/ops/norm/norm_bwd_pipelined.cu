@@ -117,14 +117,8 @@ __global__ void __launch_bounds__(kNormBwdPipelinedMaxThreads)
       if constexpr (kLayerNorm) sum_dyg += chunk_sum(dyg);
       sum_dyg_xhat += chunk_sum(dyg_xhat);
     }
-    float mean_dyg = 0.0f, mean_dyg_xhat;  // RMSNorm has no mean to subtract
-    if constexpr (kLayerNorm) {
-      const float2 row_sums = reduction.sum(make_float2(sum_dyg, sum_dyg_xhat));
-      mean_dyg = row_sums.x / float(hidden);
-      mean_dyg_xhat = row_sums.y / float(hidden);
-    } else {
-      mean_dyg_xhat = reduction.sum(sum_dyg_xhat) / float(hidden);
-    }
+    const float2 means = bwd_row_means<kLayerNorm>(reduction, sum_dyg, sum_dyg_xhat, hidden);
+    const float mean_dyg = means.x, mean_dyg_xhat = means.y;
 
     In* dx_row = static_cast<In*>(p.dx) + r * p.hidden;  // [hidden]
 #pragma unroll

@@ -417,6 +417,20 @@ class RowReduction {
   int parity_ = 0;
 };
 
+// The backward's row means over a row group, from this thread's shares of the row
+// sums: (mean of dz * gamma, mean of dz * gamma * x hat). RMSNorm reduces only the
+// second (it has no mean to subtract: the first is 0); LayerNorm both in one reduction
+// of a pair.
+template <bool kLayerNorm, class Reduction>
+__device__ __forceinline__ float2 bwd_row_means(Reduction& reduction, float sum_dyg, float sum_dyg_xhat, int hidden) {
+  if constexpr (kLayerNorm) {
+    const float2 row_sums = reduction.sum(make_float2(sum_dyg, sum_dyg_xhat));
+    return make_float2(row_sums.x / float(hidden), row_sums.y / float(hidden));
+  } else {
+    return make_float2(0.0f, reduction.sum(sum_dyg_xhat) / float(hidden));
+  }
+}
+
 // Max of non-negative per-thread values over the block, folded into *amax with one
 // atomic (a block of any multiple of 32 threads, at most kNormMaxBlockThreads).
 // Every thread of the block must call it.
