@@ -756,6 +756,48 @@ def test_bwd_cuda_fewer_rows_than_a_block(norm, hidden, rows, device, gen):
 
 
 @pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("rows", [1, 2, 3], ids=lambda r: f"rows{r}")
+@pytest.mark.parametrize("hidden", [5120, 16384], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("norm", NORMS)
+def test_bwd_cuda_long_rows_fewer_than_a_wave(norm, hidden, rows, device, gen):
+    """Long 16-bit rows go to the pipelined kernel (a row a block): one row's block
+    writes dgamma / dbeta itself, two and three rows' blocks through the finalize."""
+    check_bwd_cuda(norm, rows, hidden, torch.float16, torch.bfloat16, rows == 2, device, gen)
+
+
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("hidden", [1000, 5120, 16384], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("norm", NORMS)
+def test_bwd_cuda_workspace_off_16_bytes(norm, hidden, device, gen, monkeypatch):
+    """A workspace 4 bytes off 16-byte alignment (the C API takes any float-aligned
+    pointer): the partial rows are stored element by element instead of 16 bytes at a
+    time, with the same bits."""
+    from transformer_engine.pytorch.cpp_extensions import normalization
+
+    x, w, _ = make_inputs((37,), hidden, torch.bfloat16, torch.float32, False, gen)
+    dz = torch.randn(x.shape, generator=gen).to(torch.bfloat16).to(device)
+    x, w = x.to(device), w.to(device)
+    _, mu, rs = run_fwd(norm, x, w, torch.zeros_like(w), 1e-5, False)
+    aligned = run_bwd(norm, dz, x, mu, rs, w, False)
+    workspace = normalization._workspace
+
+    given = []
+
+    def off_by_4(rows, hidden, desc, device):
+        ws = workspace(rows, hidden, desc, device)
+        padded = torch.empty(ws.numel() + 16, dtype=torch.uint8, device=device)
+        given.append(padded[4:4 + ws.numel()])
+        return given[-1]
+
+    monkeypatch.setattr(normalization, "_workspace", off_by_4)
+    shifted = run_bwd(norm, dz, x, mu, rs, w, False)
+    assert len(given) == 1 and given[0].data_ptr() % 16 == 4
+    for a, b in zip(aligned, shifted):
+        if a is not None:
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("device", CUDA)
 @pytest.mark.parametrize("hidden", [64, 1000, 4096, 4097, 8192, 16384], ids=lambda h: f"h{h}")
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
 @pytest.mark.parametrize("norm", NORMS)
