@@ -50,9 +50,11 @@ NormRowShape norm_fwd_row_shape(int64_t hidden) {
 // LayerNorm, 75-90 for RMSNorm). Blocks of 512 threads, one an SM: the block's
 // partial sums go to the workspace once per block, so fewer, larger blocks write
 // and re-read less. A 16-bit row alone in its block (hidden 4097 to 8192) keeps its
-// accumulators in shared memory instead, in 64 registers: two blocks an SM (see
-// norm_bwd.cu). Past hidden 8192, 32 elements a thread with the accumulators in
-// shared memory (a row group of 288 to 512 threads, alone in its block).
+// accumulators in shared memory instead (see norm_bwd.cu). Past hidden 8192, 32
+// elements a thread with the accumulators in shared memory (a row group of 288 to 512
+// threads, alone in its block). Vectorized 16-bit rows past 4096 take the pipelined
+// kernel's shape instead (below); these shapes serve fp32 and element-by-element rows
+// there.
 NormRowShape norm_bwd_row_shape(int64_t hidden) {
   if (hidden > kNormBwdMaxRegisterHidden) return {};
   const int64_t register_limit = int64_t(kNormMaxBlockThreads) * kNormBwdChunks * 8;
