@@ -229,7 +229,8 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads, kVectorized && kIn != TE
       for (int j = 0; j < kChunks; ++j) {
         const int col = group.column(j);
         if (kVectorized && col >= hidden) continue;  // a chunk past the row: nothing to write
-        float y[kChunk], gamma[kChunk], beta[kChunk];
+        float y[kChunk], gamma[kChunk];
+        [[maybe_unused]] float beta[kChunk];  // LayerNorm's
         weights.load_gamma(col, hidden, gamma);
         if constexpr (kLayerNorm) weights.load_beta(col, hidden, beta);
 #pragma unroll
