@@ -44,9 +44,9 @@ extern "C" {
  * room for the fp32 partial sums of dgamma and dbeta ([blocks, 2, hidden]) that
  * the backward's blocks write, a row each, before a last pass sums each column.
  * The backward runs one wave of blocks (one to three an SM: 132 to 396 on H100 /
- * H200), at most 512, so the size depends on the shape alone. The summation order follows the grid: results
- * repeat bit for bit on one GPU model, and may differ in the last bits on a model
- * with another SM count. The forward needs no scratch of its own today and
+ * H200), at most 512, so the size depends on the shape alone. The summation order
+ * follows the grid: results repeat bit for bit on one GPU model, and may differ in
+ * the last bits on a model with another SM count. The forward needs no scratch of its own today and
  * accepts the same buffer, so a caller sizes one workspace for both directions. */
 size_t te_norm_workspace_size(int64_t rows, int64_t hidden, te_device device);
 
