@@ -2,9 +2,12 @@
 // ops/activation/activation_tile.cuh (dx computed per element, written row-wise
 // and / or column-wise, and each 128-row block's column sums written to the
 // workspace), then dbias_finalize_kernel adds the partials of each column (for at
-// most 128 rows the tile kernel writes dbias itself).
+// most 128 rows the tile kernel writes dbias itself). The finalize is a programmatic
+// dependent launch (common/cuda_dependent_launch.cuh): 1.0-1.5 us of a 104-152 us
+// backward cast saved on an H100 (16384 x 4096).
 #include <algorithm>
 
+#include "common/cuda_dependent_launch.cuh"
 #include "common/cuda_elements.cuh"
 #include "common/cuda_utils.h"
 #include "common/dtype.h"
@@ -19,7 +22,8 @@ static_assert(kDbiasRowBlock == kTileRowBlock, "the workspace size assumes the k
 
 // 32 columns per block (coalesced 128-byte rows of the partials) and 8 groups of
 // row blocks, so that a [128, 4096] workspace is read by 128 blocks in a few
-// microseconds rather than by 16 blocks walking 128 dependent rows.
+// microseconds rather than by 16 blocks walking 128 dependent rows. (16 columns and 16
+// groups measured the same, H100.)
 constexpr int kFinalizeCols = 32;
 constexpr int kFinalizeGroups = 8;
 
@@ -29,6 +33,7 @@ __global__ void __launch_bounds__(kFinalizeCols* kFinalizeGroups)
                           T* __restrict__ dbias,               // [cols]
                           int64_t row_blocks, int64_t cols) {
   __shared__ float group_sums[kFinalizeGroups][kFinalizeCols];
+  wait_for_prerequisite_grid();  // the tile kernel's partials (launch_dependent)
   const int tx = threadIdx.x % kFinalizeCols, ty = threadIdx.x / kFinalizeCols;
   const int64_t c = int64_t(blockIdx.x) * kFinalizeCols + tx;
   KahanSum group;
@@ -87,9 +92,10 @@ void dbias_cast_cuda(const DbiasCastParams& p, int device, void* workspace, void
   const int64_t grid = (cols + kFinalizeCols - 1) / kFinalizeCols;
   dispatch_float_dtype(p.dbias_dtype, [&](auto tag) {
     using T = typename CudaType<decltype(tag)::value>::type;
-    dbias_finalize_kernel<T><<<grid, kFinalizeCols * kFinalizeGroups, 0, s>>>(
-        static_cast<const float*>(workspace), static_cast<T*>(p.dbias), row_blocks, cols);
-    check_launch("dbias_finalize_kernel");
+    // started while the tile kernel's last blocks run; it waits for their partials
+    launch_dependent(dbias_finalize_kernel<T>, dim3(unsigned(grid)), dim3(kFinalizeCols * kFinalizeGroups), 0, s,
+                     "dbias_finalize_kernel", static_cast<const float*>(workspace), static_cast<T*>(p.dbias),
+                     row_blocks, cols);
   });
 }
 

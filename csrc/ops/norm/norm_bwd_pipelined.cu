@@ -12,7 +12,9 @@
 // dx), so no register holds it across the row's reduction, and each thread keeps its
 // 16 columns' sums (dgamma, dbeta) in registers: 64 registers, blocks of up to 1024
 // threads. (32 columns a thread, in half the threads and 128 registers, was 1-3%
-// slower at hidden 5120 and 8192 and the same at 12288 and 16384; H100.)
+// slower at hidden 5120 and 8192 and the same at 12288 and 16384; H100. Three stages,
+// two rows in flight, where the smem fits them: 12288 no faster, 5120 and 8192 5-15%
+// slower with fewer blocks an SM.)
 //
 // Shared memory: gamma's fp32 tile (stage_weights' order), then two stages of
 // [dz, x][2 chunks][threads] 16-byte words (RowShare::stage's layout): 192 bytes a
@@ -24,6 +26,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "common/cuda_dependent_launch.cuh"
 #include "common/cuda_utils.h"
 #include "common/dtype.h"
 #include "ops/norm/norm_kernels_common.cuh"
@@ -52,6 +55,7 @@ __global__ void __launch_bounds__(kNormBwdPipelinedMaxThreads)
   static_assert(Share::kWordsPerChunk == 1, "16-bit rows: a chunk is one 16-byte word");
   // LayerNorm reduces (sum dyg, sum dyg * xhat) at once; RMSNorm only the second.
   using RowSums = std::conditional_t<kLayerNorm, float2, float>;
+  allow_dependent_launch();  // the finalize may take SMs our last blocks leave free
   extern __shared__ float4 smem[];
   constexpr int kMaxWarps = kNormBwdPipelinedMaxThreads / 32;
   __shared__ RowSums scratch[2 * kMaxWarps];

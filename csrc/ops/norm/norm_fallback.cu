@@ -9,6 +9,7 @@
 // which norm_bwd.cu's finalize kernel sums.
 #include <algorithm>
 
+#include "common/cuda_dependent_launch.cuh"
 #include "common/cuda_utils.h"
 #include "common/dtype.h"
 #include "ops/norm/norm_kernels_common.cuh"
@@ -135,6 +136,7 @@ __global__ void __launch_bounds__(kThreads) norm_bwd_dx_fallback_kernel(NormBwdP
 template <class In>
 __global__ void __launch_bounds__(kThreads)
     norm_bwd_partials_fallback_kernel(NormBwdParams p, float* partials, int64_t rows_per_block) {
+  allow_dependent_launch();  // the finalize may take SMs our last blocks leave free
   const int64_t c = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (c >= p.hidden) return;
   const bool layernorm = p.type == NormType::kLayerNorm;
