@@ -425,6 +425,28 @@ def test_bgrad_quantize_cuda_large(device, gen):
 
 
 @pytest.mark.parametrize("device", CUDA)
+def test_dbias_cuda_back_to_back(device, gen):
+    """Bias-gradient casts queued one after another with no wait between them: each
+    call's finalize (a dependent launch, started before its tile kernel ends) must add
+    the partials of its own call, in a workspace the next call reuses. Every dbias equals
+    that of the same call run alone, bit for bit."""
+    scale = torch.tensor([2.0], device=device)
+    calls = [tuple(make_input((1000, 256), torch.bfloat16, gen).to(device) for _ in range(2)) for _ in range(4)]
+
+    def run(grad, x):
+        return ext.bgrad_quantize(grad, E5M2, scale)[0], ext.dbias_dgelu(grad, x, fp8_dtype=E4M3, scale=scale)[0]
+
+    alone = []
+    for grad, x in calls:
+        alone.append(run(grad, x))
+        torch.cuda.synchronize()
+    queued = [run(grad, x) for grad, x in calls]
+    torch.cuda.synchronize()
+    for one, other in zip(alone, queued):
+        assert all(torch.equal(a, b) for a, b in zip(one, other))
+
+
+@pytest.mark.parametrize("device", CUDA)
 def test_helpers_cuda(device, gen):
     """The torch helpers on CUDA tensors: the same results as on the CPU."""
     x = make_input((96, 64), torch.bfloat16, gen)
