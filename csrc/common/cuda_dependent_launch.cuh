@@ -7,9 +7,9 @@
 // The first kernel calls allow_dependent_launch() (every block, early), the second
 // calls wait_for_prerequisite_grid() before its first read and is launched with
 // launch_dependent(). The wait returns once the whole first grid has completed and
-// its writes are visible, so the order of results is that of a plain launch. On
-// GPUs before sm_90 both device calls compile to nothing and the launch attribute
-// is ignored: the second kernel then runs after the first, as a plain launch would.
+// its writes are visible, so the order of results is that of a plain launch. Before
+// sm_90 both device calls compile to nothing and launch_dependent launches the plain
+// way: the second kernel then runs after the first, as it always did.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -35,11 +35,12 @@ __device__ __forceinline__ void wait_for_prerequisite_grid() {
 #endif
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...), allowed to start before the
-// stream's previous kernel has finished (see above); `name` for the error message.
+// kernel<<<grid, block, smem, stream>>>(args...) on `device` (the current one),
+// allowed to start before the stream's previous kernel has finished where the GPU
+// can (see above); `name` for the error message.
 template <class... Params, class... Args>
 void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                      const char* name, Args&&... args) {
+                      int device, const char* name, Args&&... args) {
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
@@ -49,7 +50,7 @@ void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t s
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   config.attrs = &attribute;
-  config.numAttrs = 1;
+  config.numAttrs = compute_capability_major(device) >= 9 ? 1 : 0;
   cuda_check(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), name);
 }
 

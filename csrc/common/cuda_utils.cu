@@ -8,17 +8,35 @@
 
 namespace opente {
 
-int multiprocessor_count(int device) {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices] = {};
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+// cudaDeviceGetAttribute(attribute, device), queried once per device into `cache` (every
+// attribute asked for here is nonzero, so 0 means "not queried yet").
+int cached_device_attribute(std::atomic<int> (&cache)[kMaxDevices], cudaDeviceAttr attribute, int device,
+                            const char* what) {
   OPENTE_CHECK_ARG(device >= 0 && device < kMaxDevices, "device index ", device, " is out of range");
-  int count = cached[device].load(std::memory_order_relaxed);
-  if (count == 0) {
-    cuda_check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device),
-               "cudaDeviceGetAttribute(MultiProcessorCount)");
-    cached[device].store(count, std::memory_order_relaxed);
+  int value = cache[device].load(std::memory_order_relaxed);
+  if (value == 0) {
+    cuda_check(cudaDeviceGetAttribute(&value, attribute, device), what);
+    cache[device].store(value, std::memory_order_relaxed);
   }
-  return count;
+  return value;
+}
+
+}  // namespace
+
+int multiprocessor_count(int device) {
+  static std::atomic<int> cached[kMaxDevices] = {};
+  return cached_device_attribute(cached, cudaDevAttrMultiProcessorCount, device,
+                                 "cudaDeviceGetAttribute(MultiProcessorCount)");
+}
+
+int compute_capability_major(int device) {
+  static std::atomic<int> cached[kMaxDevices] = {};
+  return cached_device_attribute(cached, cudaDevAttrComputeCapabilityMajor, device,
+                                 "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
 }
 
 namespace {

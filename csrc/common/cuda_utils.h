@@ -44,6 +44,8 @@ class DeviceGuard {
 
 // Streaming multiprocessors of `device`, queried once per device.
 int multiprocessor_count(int device);
+// The major compute capability of `device` (9 for Hopper), queried once per device.
+int compute_capability_major(int device);
 
 // Blocks for a kernel that strides over its work: one thread per work item,
 // capped at `waves` times the blocks of `kernel` that are resident on all SMs at

@@ -94,7 +94,7 @@ void dbias_cast_cuda(const DbiasCastParams& p, int device, void* workspace, void
     using T = typename CudaType<decltype(tag)::value>::type;
     // started while the tile kernel's last blocks run; it waits for their partials
     launch_dependent(dbias_finalize_kernel<T>, dim3(unsigned(grid)), dim3(kFinalizeCols * kFinalizeGroups), 0, s,
-                     "dbias_finalize_kernel", static_cast<const float*>(workspace), static_cast<T*>(p.dbias),
+                     device, "dbias_finalize_kernel", static_cast<const float*>(workspace), static_cast<T*>(p.dbias),
                      row_blocks, cols);
   });
 }

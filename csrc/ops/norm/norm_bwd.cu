@@ -450,7 +450,7 @@ void norm_bwd_cuda(const NormBwdParams& p, int device, void* workspace, size_t /
   auto finalize = [&](auto kernel, int64_t columns) {
     // started while the rows kernel's last blocks run; it waits for their partials
     launch_dependent(kernel, dim3(unsigned((p.hidden + columns - 1) / columns)), dim3(kFinalizeThreads), 0, s,
-                     "norm_bwd_finalize_kernel", static_cast<const float*>(partials), slots, p.hidden, p.dgamma,
+                     device, "norm_bwd_finalize_kernel", static_cast<const float*>(partials), slots, p.hidden, p.dgamma,
                      p.dbeta, p.w_dtype);
   };
   if (narrow) {
