@@ -94,6 +94,23 @@ TEST(NormRowShape, PipelinedBackward) {
   }
 }
 
+TEST(NormRowShape, FinalizeColumns) {
+  // An H100's 132 SMs: narrow blocks while 32-column blocks would be fewer than 198
+  constexpr int kH100 = 132;
+  for (int64_t hidden : {1, 64, 512, 1024, 2048, 4096, 5120, 6304}) {
+    EXPECT_EQ(opente::norm_finalize_columns(hidden, kH100), opente::kNormFinalizeNarrowColumns) << hidden;
+  }
+  for (int64_t hidden : {6305, 6336, 8192, 12288, 16384, 65536}) {
+    EXPECT_EQ(opente::norm_finalize_columns(hidden, kH100), opente::kNormFinalizeWideColumns) << hidden;
+  }
+  // the threshold scales with the SM count (a part with half an H100's SMs)
+  EXPECT_EQ(opente::norm_finalize_columns(4096, 66), opente::kNormFinalizeWideColumns);
+  EXPECT_EQ(opente::norm_finalize_columns(3136, 66), opente::kNormFinalizeNarrowColumns);
+  // both divide the finalize's 512 threads into whole rows of lanes
+  EXPECT_EQ(512 % opente::kNormFinalizeWideColumns, 0);
+  EXPECT_EQ(512 % opente::kNormFinalizeNarrowColumns, 0);
+}
+
 TEST(NormRowShape, BenchmarkedSizes) {
   auto same = [](const NormRowShape& s, int chunks, int threads, int rows) {
     return s.chunks == chunks && s.threads_per_row == threads && s.rows_per_block == rows;

@@ -314,14 +314,9 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads)
 }
 
 // dgamma[c] (dbeta[c]) = sum over the `slots` partial rows [slots, 2, hidden]. A block
-// takes kColumns columns; its kLanes rows of threads each add every kLanes-th slot,
-// then row 0 adds the kLanes results in order. 32 columns read whole 128-byte lines;
-// where that leaves fewer than 1.5 blocks an SM (hidden below ~6300 on an H100),
-// 16 columns and twice the blocks finish sooner: 0.6-1.0 us faster at hidden 512 to
-// 5120, where 16 columns were 0.3-1.6 us slower at 8192 to 16384 (H100).
+// takes kColumns columns (norm_finalize_columns); its kLanes rows of threads each add
+// every kLanes-th slot, then row 0 adds the kLanes results in order.
 constexpr int kFinalizeThreads = 512;
-constexpr int kFinalizeWideColumns = 32;
-constexpr int kFinalizeNarrowColumns = 16;
 
 template <int kColumns>
 __global__ void __launch_bounds__(kFinalizeThreads)
@@ -445,18 +440,16 @@ void norm_bwd_cuda(const NormBwdParams& p, int device, void* workspace, size_t /
       slots = norm_bwd_fallback_cuda(p, device, partials, stream);
     }
   }
-  const bool narrow = 2 * ((p.hidden + kFinalizeWideColumns - 1) / kFinalizeWideColumns) <
-                      3 * int64_t(multiprocessor_count(device));
   auto finalize = [&](auto kernel, int64_t columns) {
     // started while the rows kernel's last blocks run; it waits for their partials
     launch_dependent(kernel, dim3(unsigned((p.hidden + columns - 1) / columns)), dim3(kFinalizeThreads), 0, s,
                      device, "norm_bwd_finalize_kernel", static_cast<const float*>(partials), slots, p.hidden, p.dgamma,
                      p.dbeta, p.w_dtype);
   };
-  if (narrow) {
-    finalize(norm_bwd_finalize_kernel<kFinalizeNarrowColumns>, kFinalizeNarrowColumns);
+  if (norm_finalize_columns(p.hidden, multiprocessor_count(device)) == kNormFinalizeNarrowColumns) {
+    finalize(norm_bwd_finalize_kernel<kNormFinalizeNarrowColumns>, kNormFinalizeNarrowColumns);
   } else {
-    finalize(norm_bwd_finalize_kernel<kFinalizeWideColumns>, kFinalizeWideColumns);
+    finalize(norm_bwd_finalize_kernel<kNormFinalizeWideColumns>, kNormFinalizeWideColumns);
   }
 }
 
