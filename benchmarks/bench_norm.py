@@ -78,7 +78,9 @@ def cases(rows: int, hidden: int):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iters", type=int, default=100)
-    parser.add_argument("--shapes", default="16384x4096,8192x8192,32768x1024,4096x16384")
+    # the first four since the first session; then the widths where the README names gaps
+    parser.add_argument("--shapes", default="16384x4096,8192x8192,32768x1024,4096x16384,"
+                                            "16384x768,16384x2048,8192x5120,4096x12288")
     args = parser.parse_args()
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     rows = ((name, f"{r} x {h}", nbytes, ours, theirs) for r, h in shapes
