@@ -55,8 +55,8 @@ constexpr int64_t kNormBwdPipelinedMinHidden = 4096;
 // Columns a block of the backward's finalize kernel (norm_bwd.cu) sums on a GPU of
 // `multiprocessors` SMs: kNormFinalizeWideColumns (whole 128-byte lines of the partial
 // rows), or kNormFinalizeNarrowColumns where wide blocks would number fewer than 1.5 an
-// SM (hidden up to ~6300 on an H100): twice the blocks finished 0.6-1.0 us sooner at
-// hidden 512-5120, where narrow blocks were 0.3-1.6 us slower at 8192-16384 (H100).
+// SM (hidden up to ~6300 on an H100): twice the blocks finished 0.6-1.2 us sooner at
+// hidden 512-5120, where narrow blocks were 0.5-1.7 us slower at 8192-16384 (H100).
 constexpr int kNormFinalizeWideColumns = 32;
 constexpr int kNormFinalizeNarrowColumns = 16;
 int norm_finalize_columns(int64_t hidden, int multiprocessors);
