@@ -7,9 +7,10 @@
 //    a pair) and writes dx. Each thread also adds dz * xhat and dz for its columns
 //    over all the rows it visits: in fp32 registers, or, for a row group alone in
 //    its block (bwd_sums_shared), in its own slots of shared memory, with x hat and
-//    dz * gamma recomputed for dx rather than held across the reduction. At the end the block adds its groups' sums in shared memory (a
-//    fixed pairwise order) and writes one [2, hidden] row of partial sums to the
-//    workspace. So dz and x are read exactly once.
+//    dz * gamma recomputed for dx rather than held across the reduction. At the end
+//    the block adds its groups' sums in shared memory (a fixed pairwise order) and
+//    writes one [2, hidden] row of partial sums to the workspace. So dz and x are
+//    read exactly once.
 // 2. Finalize: threads along hidden add the blocks' partial rows (coalesced) and
 //    write dgamma and dbeta in the weights' dtype. A grid of one block (a few rows)
 //    writes them itself instead, and the finalize is not launched. The finalize is a
@@ -145,9 +146,9 @@ struct RowInputs {
 //
 // kSharedSums (bwd_sums_shared: one row group a block): the column sums in shared
 // memory and x hat, dz * gamma recomputed for dx (holding them spilled the long
-// rows' registers). Only rows the pipelined kernel does not take come here: fp32, and 16-bit
-// rows element by element (whose 64-register form for two blocks an SM spilled
-// 84-176 bytes).
+// rows' registers). Only rows the pipelined kernel does not take come here: fp32,
+// and 16-bit rows element by element (whose 64-register form for two blocks an SM
+// spilled 84-176 bytes).
 template <te_dtype kIn, int kChunks, bool kLayerNorm, bool kVectorized, bool kStaged, bool kSharedSums>
 __global__ void __launch_bounds__(kNormMaxBlockThreads)
     norm_bwd_rows_kernel(NormBwdParams p, int threads_per_row, int rows_per_block, float* partials) {
@@ -443,8 +444,8 @@ void norm_bwd_cuda(const NormBwdParams& p, int device, void* workspace, size_t /
   auto finalize = [&](auto kernel, int64_t columns) {
     // started while the rows kernel's last blocks run; it waits for their partials
     launch_dependent(kernel, dim3(unsigned((p.hidden + columns - 1) / columns)), dim3(kFinalizeThreads), 0, s,
-                     device, "norm_bwd_finalize_kernel", static_cast<const float*>(partials), slots, p.hidden, p.dgamma,
-                     p.dbeta, p.w_dtype);
+                     device, "norm_bwd_finalize_kernel", static_cast<const float*>(partials), slots, p.hidden,
+                     p.dgamma, p.dbeta, p.w_dtype);
   };
   if (norm_finalize_columns(p.hidden, multiprocessor_count(device)) == kNormFinalizeNarrowColumns) {
     finalize(norm_bwd_finalize_kernel<kNormFinalizeNarrowColumns>, kNormFinalizeNarrowColumns);

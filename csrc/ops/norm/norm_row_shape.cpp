@@ -63,11 +63,6 @@ NormRowShape norm_bwd_row_shape(int64_t hidden) {
 
 // Pipelined backward: one row a block (rows_per_block 1), 16 elements a thread, so
 // 288 to 1024 threads.
-int norm_finalize_columns(int64_t hidden, int multiprocessors) {
-  const int64_t wide_blocks = (hidden + kNormFinalizeWideColumns - 1) / kNormFinalizeWideColumns;
-  return 2 * wide_blocks < 3 * int64_t(multiprocessors) ? kNormFinalizeNarrowColumns : kNormFinalizeWideColumns;
-}
-
 NormRowShape norm_bwd_pipelined_row_shape(int64_t hidden) {
   if (hidden <= kNormBwdPipelinedMinHidden || hidden > kNormBwdMaxRegisterHidden) return {};
   NormRowShape shape;
@@ -76,6 +71,12 @@ NormRowShape norm_bwd_pipelined_row_shape(int64_t hidden) {
   shape.threads_per_row = int((hidden + elements - 1) / elements + 31) / 32 * 32;
   shape.rows_per_block = 1;
   return shape;
+}
+
+// The finalize's width: narrow while wide blocks would be fewer than 1.5 an SM.
+int norm_finalize_columns(int64_t hidden, int multiprocessors) {
+  const int64_t wide_blocks = (hidden + kNormFinalizeWideColumns - 1) / kNormFinalizeWideColumns;
+  return 2 * wide_blocks < 3 * int64_t(multiprocessors) ? kNormFinalizeNarrowColumns : kNormFinalizeWideColumns;
 }
 
 }  // namespace opente
