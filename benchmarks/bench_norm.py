@@ -4,11 +4,12 @@ bandwidth and against PyTorch, in one run.
     python3 benchmarks/bench_norm.py            # needs a CUDA GPU
 
 Bytes counted (bf16 x and weights, [rows, hidden]): forward reads x and writes y
-(2 + 2 bytes an element; 2 + 1 with an FP8 y); backward reads dz and x and writes
-dx (6 bytes an element); the statistics and the [hidden] vectors are left out.
-PyTorch does the same work with F.layer_norm / F.rms_norm (forward; for an FP8 y
-then amax and the scaled cast) and their autograd backward (timed as backward of
-a saved graph, dx and dweight).
+(2 + 2 bytes an element; 2 + 1 with an FP8 y, 2 + 1 + 1 with its transposed copy
+too, what LayerNormLinear and LayerNormMLP ask for in FP8 training); backward reads
+dz and x and writes dx (6 bytes an element); the statistics and the [hidden] vectors
+are left out. PyTorch does the same work with F.layer_norm / F.rms_norm (forward; for
+an FP8 y then amax and the scaled cast, and for the transposed copy ``.t().contiguous()``)
+and their autograd backward (timed as backward of a saved graph, dx and dweight).
 
 Each call takes the next of three copies of its inputs: the time of one memory-bound
 kernel moved by up to 30% between runs with a single set of buffers (H100), with
@@ -39,6 +40,11 @@ def torch_fp8(y, scale, amax):
     return (y.float() * scale).to(torch.float8_e4m3fn)
 
 
+def with_transpose(y_fp8):
+    """The FP8 y with its transposed copy, as the FP8 GEMMs of the backward read it."""
+    return y_fp8, y_fp8.t().contiguous()
+
+
 def cases(rows: int, hidden: int):
     copies = []
     for _ in range(3):
@@ -63,6 +69,9 @@ def cases(rows: int, hidden: int):
            rotating(lambda x: F.layer_norm(x, shape, w, b, eps), fwd))
     yield ("layernorm fwd, FP8 y", 3 * n, rotating(lambda x: layernorm_fwd(x, w, b, eps, **fp8), fwd),
            rotating(lambda x: torch_fp8(F.layer_norm(x, shape, w, b, eps), scale, amax), fwd))
+    yield ("layernorm fwd, FP8 y and y^T", 4 * n,
+           rotating(lambda x: layernorm_fwd(x, w, b, eps, columnwise=True, **fp8), fwd),
+           rotating(lambda x: with_transpose(torch_fp8(F.layer_norm(x, shape, w, b, eps), scale, amax)), fwd))
     yield ("layernorm bwd", 6 * n, rotating(lambda dz, x, mu, rs, *_: layernorm_bwd(dz, x, mu, rs, w), bwd),
            rotating(lambda dz, x, mu, rs, rs_rms, xg, wg, bg, y_ln, y_rms:
                     torch.autograd.grad(y_ln, (xg, wg, bg), dz, retain_graph=True), bwd))
@@ -70,6 +79,9 @@ def cases(rows: int, hidden: int):
            rotating(lambda x: F.rms_norm(x, shape, w, eps), fwd))
     yield ("rmsnorm fwd, FP8 y", 3 * n, rotating(lambda x: rmsnorm_fwd(x, w, eps, **fp8), fwd),
            rotating(lambda x: torch_fp8(F.rms_norm(x, shape, w, eps), scale, amax), fwd))
+    yield ("rmsnorm fwd, FP8 y and y^T", 4 * n,
+           rotating(lambda x: rmsnorm_fwd(x, w, eps, columnwise=True, **fp8), fwd),
+           rotating(lambda x: with_transpose(torch_fp8(F.rms_norm(x, shape, w, eps), scale, amax)), fwd))
     yield ("rmsnorm bwd", 6 * n, rotating(lambda dz, x, mu, rs, rs_rms, *_: rmsnorm_bwd(dz, x, rs_rms, w), bwd),
            rotating(lambda dz, x, mu, rs, rs_rms, xg, wg, bg, y_ln, y_rms:
                     torch.autograd.grad(y_rms, (xg, wg), dz, retain_graph=True), bwd))

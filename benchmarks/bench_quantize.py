@@ -4,9 +4,10 @@ bandwidth and with the same work done in plain PyTorch, in one run.
     python3 benchmarks/bench_quantize.py            # needs a CUDA GPU
 
 Bytes counted per element (bf16 input): quantize 2 read + 1 written, cast+transpose
-2 + 1 + 1, dequantize 1 + 2, amax 2. The PyTorch baselines do the same work:
-amax then cast for quantize (plus .t().contiguous() for cast+transpose),
-(q.float() * scale_inv).bfloat16() for dequantize, x.abs().amax() for amax.
+2 + 1 + 1, dequantize 1 + 2, amax 2, the transpose of FP8 bytes 1 + 1. The PyTorch
+baselines do the same work: amax then cast for quantize (plus .t().contiguous() for
+cast+transpose), (q.float() * scale_inv).bfloat16() for dequantize, x.abs().amax()
+for amax, q.t().contiguous() for the transpose.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def bench_shape(rows: int, cols: int, copy_bw: float, same_size_bw: float, iters
     fp8_in = _core.Tensor(*dev, int(E4M3), [rows, cols], q.data_ptr(), 0, 0, scale_inv.data_ptr(), 0,
                           int(PER_TENSOR))
     y_desc = describe(y, "y")
+    q_desc, q_t_desc = describe(q, "q"), describe(q_t, "q_t")
 
     def torch_quantize():
         torch.amax(x.abs())
@@ -55,6 +57,8 @@ def bench_shape(rows: int, cols: int, copy_bw: float, same_size_bw: float, iters
         ("dequantize", 3 * n, lambda: _core.dequantize(fp8_in, y_desc, stream),
          lambda: (q.view(torch.float8_e4m3fn).float() * scale_inv).to(torch.bfloat16)),
         ("amax", 2 * n, lambda: _core.compute_amax(x_desc, amax.data_ptr(), stream), lambda: torch.amax(x.abs())),
+        ("transpose (FP8 bytes)", 2 * n, lambda: _core.transpose(q_desc, q_t_desc, stream),
+         lambda: q.t().contiguous()),
     ]
     rows_out = []
     for name, nbytes, ours, baseline in cases:

@@ -6,7 +6,9 @@ import torch
 from conftest import requires_cuda
 
 from fp8_reference import assert_same_bits, dtype_id, random_bits, ref_columnwise, shape_id
+from transformer_engine import _core
 from transformer_engine.pytorch.cpp_extensions import transpose
+from transformer_engine.pytorch.cpp_extensions.tensor_desc import describe, stream_of
 
 DTYPES = [
     torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2, torch.float16, torch.bfloat16,
@@ -37,6 +39,33 @@ def test_transpose_cuda_large(shape, dtype, seed):
     g = torch.Generator(device="cuda")
     g.manual_seed(seed)
     check(random_bits(shape, dtype, g, device="cuda"))
+
+
+# Bytes with both dims multiples of 8 take the tiled kernel (8x8 blocks in 128 x 128 tiles);
+# these end in partial tiles in either dim, or are a single block.
+BYTE_TILE_SHAPES = [(8, 8), (136, 200), (128, 128), (264, 1032), (24, 264, 16), (8, 4104)]
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2], ids=dtype_id)
+@pytest.mark.parametrize("shape", BYTE_TILE_SHAPES, ids=shape_id)
+def test_transpose_byte_tiles(device, shape, dtype, gen):
+    check(random_bits(shape, dtype, gen).to(device))
+
+
+@pytest.mark.parametrize("offset", [1, 4, 8], ids=lambda o: f"offset{o}")
+def test_transpose_bytes_off_alignment(device, offset, gen):
+    """A byte view 1 or 4 bytes past an 8-byte boundary takes the one-byte-a-thread kernel,
+    8 bytes past it the tiled one; the bytes around the output stay untouched."""
+    rows, cols = 72, 136
+    x = torch.empty(rows * cols + offset, dtype=torch.uint8, device=device)[offset:].view(rows, cols)
+    x.copy_(random_bits((rows, cols), torch.uint8, gen).to(device))
+    assert x.data_ptr() % 8 == offset % 8
+    check(x)
+    guard = torch.full((rows * cols + 2 * offset,), 0xA5, dtype=torch.uint8, device=device)
+    out = guard[offset:offset + rows * cols].view(cols, rows)
+    _core.transpose(describe(x, "x"), describe(out, "out"), stream_of(x))
+    assert torch.equal(out.cpu(), x.cpu().t())
+    assert bool((guard[:offset] == 0xA5).all()) and bool((guard[offset + rows * cols:] == 0xA5).all())
 
 
 def test_transpose_known_values(device):

@@ -45,6 +45,24 @@ __device__ __forceinline__ uint2 byte_block_column(const uint32_t (&lo)[8], cons
   return make_uint2(__byte_perm(p01, p23, 0x5410), __byte_perm(p45, p67, 0x5410));
 }
 
+// Writes a staged transposed tile (tile_t: [kCtTileCols columns, kCtTileRows rows],
+// transposed_slot's layout) to out_t [cols, rows] at column row_base of row col_base:
+// 128 rows of 16 slots of 8 bytes, a half-warp to a row's 128 bytes (a whole line).
+// The caller's barrier lies between the tile's writes and this.
+__device__ __forceinline__ void store_transposed_tile(const uint8_t* tile_t, uint8_t* out_t, int64_t row_base,
+                                                      int64_t col_base, int64_t rows, int64_t cols) {
+  constexpr int kSlotsPerRow = kCtTileRows / 8;
+#pragma unroll
+  for (int i = threadIdx.x; i < kCtTileCols * kSlotsPerRow; i += kCtThreads) {
+    const int c = i / kSlotsPerRow, r = (i % kSlotsPerRow) * 8;
+    const int64_t out_row = col_base + c, out_col = row_base + r;
+    if (out_row < cols && out_col < rows) {
+      *reinterpret_cast<uint2*>(out_t + out_row * rows + out_col) =
+          *reinterpret_cast<const uint2*>(tile_t + transposed_slot(c, r));
+    }
+  }
+}
+
 // Dynamic shared memory of cast_transpose_kernel: eight input vectors per thread.
 template <class In>
 constexpr int cast_transpose_staging_bytes() {
@@ -103,17 +121,7 @@ __global__ void __launch_bounds__(kCtThreads)
     }
   }
   __syncthreads();
-  // 128 rows x 16 slots of 8 bytes; a half-warp writes one row's 128 bytes.
-  constexpr int kSlotsPerRow = kCtTileRows / 8;
-#pragma unroll
-  for (int i = threadIdx.x; i < kCtTileCols * kSlotsPerRow; i += kCtThreads) {
-    const int c = i / kSlotsPerRow, r = (i % kSlotsPerRow) * 8;
-    const int64_t out_row = col_base + c, out_col = row_base + r;
-    if (out_row < cols && out_col < rows) {
-      *reinterpret_cast<uint2*>(out_t + out_row * rows + out_col) =
-          *reinterpret_cast<const uint2*>(tile_t + transposed_slot(c, r));
-    }
-  }
+  store_transposed_tile(tile_t, out_t, row_base, col_base, rows, cols);
   if (amax) block_max_to_global<kCtThreads>(local_amax, amax);
   if (scale_inv && blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.0f / scale;
 }
