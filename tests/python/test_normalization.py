@@ -825,6 +825,35 @@ def test_bwd_cuda_back_to_back(norm, hidden, device, gen):
 
 
 @pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("hidden", [768, 4096, 16384], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd_fp8_both_copies_cuda_back_to_back(norm, hidden, device, gen):
+    """Forward calls with both FP8 copies queued with no wait between them: each call's
+    transpose (a dependent launch, started before the norm kernel ends) must read the
+    row-wise bytes that kernel wrote. Every result equals that of the same call run alone,
+    and each transposed copy is its row-wise copy transposed."""
+    calls = []
+    for _ in range(4):
+        x, w, b = make_inputs((600,), hidden, torch.bfloat16, torch.float32, False, gen)
+        calls.append((x.to(device), w.to(device), b.to(device)))
+    scale = torch.tensor([2.0], device=device)
+
+    def forward(x, w, b):
+        out, _, _ = run_fwd(norm, x, w, b, 1e-5, False, fp8_dtype=E4M3, scale=scale, columnwise=True)
+        return out
+
+    alone = []
+    for args in calls:
+        alone.append(forward(*args))
+        torch.cuda.synchronize()
+    queued = [forward(*args) for args in calls]
+    torch.cuda.synchronize()
+    for one, other in zip(alone, queued):
+        assert torch.equal(other._transpose, other._data.t())
+        assert torch.equal(one._data, other._data) and torch.equal(one._transpose, other._transpose)
+
+
+@pytest.mark.parametrize("device", CUDA)
 @pytest.mark.parametrize("hidden", [64, 1000, 4096, 4097, 8192, 16384], ids=lambda h: f"h{h}")
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
 @pytest.mark.parametrize("norm", NORMS)
