@@ -5,10 +5,12 @@ device's copy bandwidth and against plain PyTorch doing the same work, in one ru
 
 Shapes: x [rows, hidden] bf16 (default 16384 x 4096); the gated kinds read [rows, 2 hidden].
 Bytes counted, n = rows * hidden (the [hidden] dbias and the scalars left out):
-  gelu fwd -> bf16           2n read + 2n written
+  gelu fwd -> bf16           2n read + 2n written; "and its amax": the same bytes, the
+                             kernel also taking max|y| for a current-scaling cast after it
+                             (PyTorch: y.abs().amax(), a second pass)
   gelu fwd -> FP8            2n + n;  with the transposed copy 2n + 2n
   swiglu fwd -> bf16 / FP8   4n + 2n / 4n + n
-  dgelu (bwd)                grad 2n + x 2n read, dx 2n written
+  dgelu (bwd)                grad 2n + x 2n read, dx 2n written (and its amax, as above)
   dswiglu (bwd)              grad 2n + x 4n read, dx 4n written
   dgelu+dbias+cast+transpose grad 2n + x 2n read, dx FP8 n + its transpose n written
   dbias+cast+transpose       grad 2n read, FP8 n + transpose n written
@@ -108,8 +110,16 @@ def cases(rows: int, hidden: int):
         _core.quantize_current_scaling(grad_d, both_e5m2_current, 0.0, False, stream)
         return grad.sum(0)
 
+    # The amax a current-scaling cast of the output needs, taken as the kernel writes it
+    # (module_ops.FusedAmax); PyTorch: a second pass, .abs().amax().
+    fused_amax = torch.zeros(1, device=cuda)
+    y_amax_d = _core.Tensor(*dev, int(y_d.dtype), [rows, hidden], y.data_ptr(), amax=fused_amax.data_ptr())
+    dx_amax_d = _core.Tensor(*dev, int(dx_d.dtype), [rows, hidden], dx.data_ptr(), amax=fused_amax.data_ptr())
+
     gelu_k, swiglu_k = int(A.GELU), int(A.SWIGLU)
     yield ("gelu fwd -> bf16", 4 * n, lambda: _core.activation_fwd(gelu_k, x_d, y_d, stream), lambda: gelu(x))
+    yield ("gelu fwd -> bf16 and its amax", 4 * n, lambda: _core.activation_fwd(gelu_k, x_d, y_amax_d, stream),
+           lambda: gelu(x).abs().amax())
     yield ("gelu fwd -> FP8", 3 * n, lambda: _core.activation_fwd(gelu_k, x_d, rowwise, stream),
            lambda: to_fp8(gelu(x)))
     yield ("gelu fwd -> FP8 + transpose", 4 * n, lambda: _core.activation_fwd(gelu_k, x_d, both, stream),
@@ -118,6 +128,8 @@ def cases(rows: int, hidden: int):
     yield ("swiglu fwd -> FP8", 5 * n, lambda: _core.activation_fwd(swiglu_k, xg_d, rowwise, stream),
            lambda: to_fp8(swiglu(xg)))
     yield ("dgelu (bwd)", 6 * n, lambda: _core.activation_bwd(gelu_k, grad_d, x_d, dx_d, stream), torch_dgelu)
+    yield ("dgelu (bwd) and its amax", 6 * n, lambda: _core.activation_bwd(gelu_k, grad_d, x_d, dx_amax_d, stream),
+           lambda: torch_dgelu().abs().amax())
     yield ("dswiglu (bwd)", 10 * n, lambda: _core.activation_bwd(swiglu_k, grad_d, xg_d, dxg_d, stream),
            lambda: torch.autograd.grad(y_swiglu, xg_req, grad, retain_graph=True))
     yield ("dgelu+dbias+cast+transpose (E5M2)", 6 * n,

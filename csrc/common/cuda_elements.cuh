@@ -46,6 +46,17 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
+// x rounded to a float dtype's precision (float16 / bfloat16; anything else: x).
+// Rounding is monotone, so the rounded max of some values is the max of the rounded
+// values: a kernel's amax of what it stores, from the fp32 max.
+__device__ __forceinline__ float rounded_as(te_dtype dtype, float x) {
+  switch (dtype) {
+    case TE_DTYPE_FLOAT16: return __half2float(__float2half_rn(x));
+    case TE_DTYPE_BFLOAT16: return __bfloat162float(__float2bfloat16_rn(x));
+    default: return x;
+  }
+}
+
 template <te_dtype Fp8>
 struct Fp8Interpretation {
   static_assert(Fp8 == TE_DTYPE_FLOAT8_E4M3 || Fp8 == TE_DTYPE_FLOAT8_E5M2, "not an FP8 dtype");

@@ -168,3 +168,32 @@ def test_errors():
     # Transformer Engine reads activation_params only for clamped_swiglu, which OpenTE lacks.
     with pytest.raises(NotImplementedError, match="activation='clamped_swiglu'.*OpenTE has no clamped_swiglu"):
         te.LayerNormMLP(32, 64, activation="swiglu", activation_params={"limit": 7.0}, device="cpu")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_current_scaling_fused_amax_same_as_own_pass(device, activation, bias, monkeypatch):
+    """Current scaling casts the activation output and fc1's output gradient from the amax
+    their kernels took as they wrote them (module_ops.FusedAmax, past one block's cast);
+    with that switched off each cast takes its own amax pass. Outputs, every gradient and
+    the FP8 metadata are the same bit for bit."""
+    from transformer_engine.pytorch.cpp_extensions import module_ops
+
+    def run(min_elements):
+        monkeypatch.setattr(module_ops, "FUSED_AMAX_MIN_ELEMENTS", min_elements)
+        torch.manual_seed(7)
+        m = te.LayerNormMLP(64, 256, activation=activation, bias=bias, params_dtype=torch.bfloat16, device=device)
+        results = []
+        for _ in range(2):
+            x = torch.randn(256, 64, dtype=torch.bfloat16, device=device, requires_grad=True)
+            with te.fp8_autocast(fp8_recipe=Float8CurrentScaling()):
+                y = m(x)
+            y.backward(torch.randn_like(y))
+            results += [y.detach(), x.grad] + [p.grad.clone() for p in m.parameters()]
+            m.zero_grad()
+        return results
+
+    fused, own_pass = run(0), run(1 << 62)
+    for a, b in zip(fused, own_pass):
+        assert torch.equal(a, b)

@@ -63,7 +63,9 @@ typedef enum te_activation {
  *   kind cols = 2H must be even, else H = cols.
  * output: [..., H] (input's leading dims), either
  *   - float32, float16 or bfloat16 (TE_SCALING_NONE; `data` written;
- *     columnwise_data must be null), or
+ *     columnwise_data must be null; `amax`, if set, is raised to max(amax, max|y|)
+ *     over y as stored, NaNs ignored: what te_compute_amax of the output would add,
+ *     in the same pass, for a current-scaling cast of it), or
  *   - float8_e4m3 / float8_e5m2 with TE_SCALING_PER_TENSOR, exactly as
  *     te_quantize's output: `scale` required; `data` (row-wise) and / or
  *     `columnwise_data` ([H, rows]); `scale_inv`, if set, receives 1/scale;
@@ -76,7 +78,9 @@ te_status te_activation_fwd(int32_t kind, const te_tensor* input, const te_tenso
  * grad: the output's gradient, [..., H], input's dtype.
  * input: the forward's input ([..., H], or [..., 2H] for a gated kind), float32,
  *   float16 or bfloat16.
- * dinput: input's shape and dtype, overwritten. */
+ * dinput: input's shape and dtype, overwritten; its `amax`, if set, is raised to
+ *   max(amax, max|dinput|) over dinput as stored (NaNs ignored), as for a float
+ *   output of te_activation_fwd. */
 te_status te_activation_bwd(int32_t kind, const te_tensor* grad, const te_tensor* input, const te_tensor* dinput,
                             void* stream);
 

@@ -46,7 +46,7 @@ void activation_fwd(int32_t kind_arg, const te_tensor* input_desc, const te_tens
   p.output_t = fp8 ? out.columnwise_data : nullptr;
   p.scale = fp8 ? out.scale : nullptr;
   p.scale_inv = fp8 ? out.scale_inv : nullptr;
-  p.amax = fp8 ? out.amax : nullptr;
+  p.amax = out.amax;  // a float output's too: its max|y|, fused, for a current-scaling cast of it
   p.rows = m.rows;
   p.hidden = h;
   p.in_dtype = te_dtype(in.dtype);
@@ -84,6 +84,7 @@ void activation_bwd(int32_t kind_arg, const te_tensor* grad_desc, const te_tenso
   p.grad = grad.data;
   p.input = in.data;
   p.dinput = dinput.data;
+  p.amax = dinput.amax;
   p.rows = m.rows;
   p.hidden = h;
   p.dtype = te_dtype(in.dtype);

@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
           for (int k = 0; k < 8; ++k) y[k] = act_mul(y[k], gate[k]);
         }
 #pragma unroll
-        for (int k = 0; k < 8; ++k) local_amax = fmaxf(local_amax, fabsf(y[k]));  // used for FP8 only
+        for (int k = 0; k < 8; ++k) local_amax = fmaxf(local_amax, fabsf(y[k]));  // used where p.amax is set
         emit8(te_dtype(opaque(int(out_dtype))), opaque(p.output), v * 8, y, scale);
       }
     }
@@ -107,10 +107,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     local_amax = fmaxf(local_amax, fabsf(y));
     emit1(te_dtype(opaque(int(out_dtype))), p.output, i, y, scale);
   }
-  if (fp8) {
-    if (p.amax) block_max_to_global<kThreads>(local_amax, p.amax);
-    if (p.scale_inv && blockIdx.x == 0 && threadIdx.x == 0) *p.scale_inv = 1.0f / scale;
-  }
+  // FP8: max|y| before scaling; a float output: of y as stored (a current-scaling cast's amax)
+  if (p.amax) block_max_to_global<kThreads>(fp8 ? local_amax : rounded_as(out_dtype, local_amax), p.amax);
+  if (fp8 && p.scale_inv && blockIdx.x == 0 && threadIdx.x == 0) *p.scale_inv = 1.0f / scale;
 }
 
 // The same walk over grad [rows, H]; dinput has the input's shape. Vectorized:
@@ -124,6 +123,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   const T* in = static_cast<const T*>(p.input);   // [rows, H] or, gated, [rows, 2H]
   T* din = static_cast<T*>(p.dinput);             // input's shape
   const int64_t h = p.hidden, n = p.rows * h;
+  float local_amax = 0.0f;  // of dinput, used where p.amax is set
 
   const int64_t num_vec = vectorized ? n / 8 : 0;
   for (int64_t chunk = int64_t(blockIdx.x) * kChunk; chunk < num_vec; chunk += int64_t(gridDim.x) * kChunk) {
@@ -153,12 +153,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
           for (int k = 0; k < 8; ++k) {
             d[k] = act_mul(act_mul(gv[k], bv[k]), act_derivative(B, av[k]));
             db[k] = act_mul(gv[k], act_forward(B, av[k]));
+            local_amax = fmaxf(local_amax, fabsf(db[k]));
           }
           store8_as<T>(din, at[u] + h, db);
         } else {
 #pragma unroll
           for (int k = 0; k < 8; ++k) d[k] = act_mul(gv[k], act_derivative(B, av[k]));
         }
+#pragma unroll
+        for (int k = 0; k < 8; ++k) local_amax = fmaxf(local_amax, fabsf(d[k]));
         store8_as<T>(din, at[u], d);
       }
     }
@@ -169,12 +172,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     const float gv = to_float(grad[i]), av = to_float(in[at]);
     if constexpr (kGated) {
       const float bv = to_float(in[at + h]);
-      din[at] = from_float<T>(act_mul(act_mul(gv, bv), act_derivative(B, av)));
-      din[at + h] = from_float<T>(act_mul(gv, act_forward(B, av)));
+      const float d = act_mul(act_mul(gv, bv), act_derivative(B, av)), db = act_mul(gv, act_forward(B, av));
+      local_amax = fmaxf(local_amax, fmaxf(fabsf(d), fabsf(db)));
+      din[at] = from_float<T>(d);
+      din[at + h] = from_float<T>(db);
     } else {
-      din[at] = from_float<T>(act_mul(gv, act_derivative(B, av)));
+      const float d = act_mul(gv, act_derivative(B, av));
+      local_amax = fmaxf(local_amax, fabsf(d));
+      din[at] = from_float<T>(d);
     }
   }
+  // of dinput as stored (rounded_as: the rounded max is the max of the rounded values)
+  if (p.amax) block_max_to_global<kThreads>(rounded_as(p.dtype, local_amax), p.amax);
 }
 
 template <class Kernel, class Params>
@@ -182,7 +191,7 @@ void launch_flat(Kernel kernel, const Params& p, bool vectorized, bool reduces, 
                  cudaStream_t stream, const char* name) {
   const int64_t n = p.rows * p.hidden;
   const int64_t work = vectorized ? n / 8 / unroll + 1 : n;
-  // Only an FP8 forward reduces (its amax) at the end of each block.
+  // Only a kernel that raises an amax reduces at the end of each block.
   const int64_t grid = grid_stride_blocks(reinterpret_cast<const void*>(kernel), kThreads, work, device,
                                           reduces ? kReducingKernelWaves : kUncappedWaves);
   const FastDivmod by_h(std::max<int64_t>(p.hidden, 1), n);
@@ -226,7 +235,8 @@ void activation_fwd_cuda(const ActivationFwdParams& p, int device, void* stream)
     dispatch_base_activation(base_activation(p.kind), [&](auto act_tag) {
       constexpr te_activation kB = decltype(act_tag)::value;
       const auto kernel = gated ? act_fwd_kernel<In, true, kB> : act_fwd_kernel<In, false, kB>;
-      launch_flat(kernel, p, vectorized, fp8, vectors_in_flight<In>(gated ? 2 : 1), device, s, "act_fwd_kernel");
+      launch_flat(kernel, p, vectorized, p.amax != nullptr, vectors_in_flight<In>(gated ? 2 : 1), device, s,
+                  "act_fwd_kernel");
     });
   });
 }
@@ -242,8 +252,8 @@ void activation_bwd_cuda(const ActivationBwdParams& p, int device, void* stream)
     dispatch_base_activation(base_activation(p.kind), [&](auto act_tag) {
       constexpr te_activation kB = decltype(act_tag)::value;
       const auto kernel = gated ? act_bwd_kernel<T, true, kB> : act_bwd_kernel<T, false, kB>;
-      launch_flat(kernel, p, vectorized, false, vectors_in_flight<T>(gated ? 3 : 2), device, as_stream(stream),
-                  "act_bwd_kernel");
+      launch_flat(kernel, p, vectorized, p.amax != nullptr, vectors_in_flight<T>(gated ? 3 : 2), device,
+                  as_stream(stream), "act_bwd_kernel");
     });
   });
 }

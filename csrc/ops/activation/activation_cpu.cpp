@@ -28,12 +28,19 @@ void activation_fwd_typed(const ActivationFwdParams& p) {
       }
       if (p.output) store_from_float<kOut>(p.output, r * h + c, y);
       if (p.output_t) store_from_float<kOut>(p.output_t, c * p.rows + r, y);
+      if constexpr (!kFp8) amax = std::fmax(amax, std::fabs(load_as_float<kOut>(p.output, r * h + c)));  // as stored
     }
   }
+  if (p.amax) *p.amax = std::fmax(*p.amax, amax);
   if constexpr (kFp8) {
-    if (p.amax) *p.amax = std::fmax(*p.amax, amax);
     if (p.scale_inv) *p.scale_inv = 1.0f / scale;
   }
+}
+
+// max(amax, |dinput[i]|) as stored, NaN skipped.
+template <te_dtype kT>
+float raise_by_stored(float amax, const void* dinput, int64_t i) {
+  return std::fmax(amax, std::fabs(load_as_float<kT>(dinput, i)));
 }
 
 template <te_dtype kT>
@@ -42,6 +49,7 @@ void activation_bwd_typed(const ActivationBwdParams& p) {
   const te_activation base = base_activation(p.kind);
   const int64_t h = p.hidden;
   const int64_t in_cols = gated ? 2 * h : h;
+  float amax = 0.0f;
   for (int64_t r = 0; r < p.rows; ++r) {
     for (int64_t c = 0; c < h; ++c) {
       const float g = load_as_float<kT>(p.grad, r * h + c);
@@ -50,11 +58,14 @@ void activation_bwd_typed(const ActivationBwdParams& p) {
         const float b = load_as_float<kT>(p.input, r * in_cols + h + c);
         store_from_float<kT>(p.dinput, r * in_cols + c, g * b * act_derivative(base, a));
         store_from_float<kT>(p.dinput, r * in_cols + h + c, g * act_forward(base, a));
+        amax = raise_by_stored<kT>(amax, p.dinput, r * in_cols + h + c);
       } else {
         store_from_float<kT>(p.dinput, r * in_cols + c, g * act_derivative(base, a));
       }
+      amax = raise_by_stored<kT>(amax, p.dinput, r * in_cols + c);
     }
   }
+  if (p.amax) *p.amax = std::fmax(*p.amax, amax);
 }
 
 }  // namespace

@@ -130,7 +130,7 @@ struct ActivationFwdParams {
   void* output_t;        // [H, rows], out_dtype (FP8 only); may be null
   const float* scale;    // [1], FP8 output only; else null
   float* scale_inv;      // [1], FP8 output only, receives 1/scale; may be null
-  float* amax;           // [1], FP8 output only, updated as max(amax, max|y|); may be null
+  float* amax;           // [1], updated as max(amax, max|y|) (a float output: of y as stored); may be null
   int64_t rows;
   int64_t hidden;        // H: the output's columns
   te_dtype in_dtype;     // float32, float16, bfloat16
@@ -142,6 +142,7 @@ struct ActivationBwdParams {
   const void* grad;      // [rows, H], dtype
   const void* input;     // [rows, H] or, gated, [rows, 2H]; dtype
   void* dinput;          // input's shape, dtype
+  float* amax;           // [1], updated as max(amax, max|dinput|) of dinput as stored; may be null
   int64_t rows;
   int64_t hidden;        // H: grad's columns
   te_dtype dtype;        // float32, float16, bfloat16 (grad, input, dinput)

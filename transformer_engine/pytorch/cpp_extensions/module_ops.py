@@ -97,12 +97,16 @@ _CORE_DTYPES = {torch.float32: int(DType.kFloat32), torch.float16: int(DType.kFl
                 torch.bfloat16: int(DType.kBFloat16)}
 
 
-def _float_desc(t: torch.Tensor, dev: CoreDevice, name: str) -> _core.Tensor:
+def _float_desc(t: torch.Tensor, dev: CoreDevice, name: str, amax: int = 0) -> _core.Tensor:
+    """``t``'s descriptor; ``amax``: the address of an fp32 the op raises to max|t| as it
+    writes t (0: none)."""
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
     dtype = _CORE_DTYPES.get(t.dtype)
     if dtype is None:
         dtype = int(te_dtype(t.dtype, name))  # the core then names what it expected
+    if amax:
+        return _core.Tensor(dev.type, dev.index, dtype, t.shape, t.data_ptr(), 0, 0, 0, amax)
     return _core.Tensor(dev.type, dev.index, dtype, t.shape, t.data_ptr())
 
 
@@ -191,6 +195,56 @@ def quantize_current_scaling(x: torch.Tensor, fp8_dtype: DType, epsilon: float, 
     _core.quantize_current_scaling(_float_desc(x, dev, "x"), out, float(epsilon), bool(force_pow_2_scales),
                                    dev.stream)
     return _f8.Float8TensorBase.wrap(data, data_t, scale_inv, fp8_dtype)
+
+
+# Past this many elements a current-scaling cast of an activation (or its gradient) takes
+# the amax its producer computed as it wrote it (FusedAmax) instead of a pass of its own;
+# up to it one block does amax, scale and cast in one launch (the core's small cast).
+FUSED_AMAX_MIN_ELEMENTS = 16384
+
+
+class FusedAmax:
+    """An fp32 amax, zeroed, that an op raises as it writes a float tensor (its ``address``
+    goes to activation_forward / activation_backward), then the current-scaling cast of
+    that tensor from it (``quantize`` / ``dbias_quantize``): Transformer Engine's
+    quantize_with_amax, one read of the tensor fewer than quantize_current_scaling. The
+    slot after the amax holds the scale computed from it."""
+
+    def __init__(self, device: torch.device):
+        self.buffer = torch.zeros(2, dtype=_F32, device=device)
+        self.address = self.buffer.data_ptr()
+
+    def _scale(self, fp8_dtype: DType, epsilon: float, force_pow_2_scales: bool, scale_inv: torch.Tensor,
+               dev: CoreDevice) -> int:
+        scale = self.address + 4
+        _core.compute_scale_from_amax(self.address, scale, scale_inv.data_ptr(), int(fp8_dtype), float(epsilon),
+                                      bool(force_pow_2_scales), dev.type, dev.index, dev.stream)
+        return scale
+
+    def quantize(self, x: torch.Tensor, fp8_dtype: DType, epsilon: float, force_pow_2_scales: bool, rowwise: bool,
+                 columnwise: bool, dev: CoreDevice) -> _f8.Float8TensorBase:
+        """As quantize_current_scaling(x, ...), x's amax being this one's."""
+        rows, cols = x.shape
+        data, data_t, scale_inv = _fp8_buffers(rows, cols, x.device, rowwise, columnwise)
+        scale = self._scale(fp8_dtype, epsilon, force_pow_2_scales, scale_inv, dev)
+        _core.quantize(_float_desc(x, dev, "x"), _fp8_desc(rows, cols, fp8_dtype, data, data_t, scale, scale_inv, 0,
+                                                           dev), dev.stream)
+        return _f8.Float8TensorBase.wrap(data, data_t, scale_inv, fp8_dtype)
+
+    def dbias_quantize(self, dy: torch.Tensor, fp8_dtype: DType, epsilon: float, force_pow_2_scales: bool,
+                       rowwise: bool, columnwise: bool, dev: CoreDevice, dbias_dtype: Optional[torch.dtype] = None
+                       ) -> Tuple[torch.Tensor, _f8.Float8TensorBase]:
+        """As dbias_quantize_current_scaling(dy, ...), dy's amax being this one's."""
+        rows, cols = dy.shape
+        data, data_t, scale_inv = _fp8_buffers(rows, cols, dy.device, rowwise, columnwise)
+        scale = self._scale(fp8_dtype, epsilon, force_pow_2_scales, scale_inv, dev)
+        dbias = torch.empty(cols, dtype=dbias_dtype_for(dy, dbias_dtype), device=dy.device)
+        ws_size = _core.dbias_workspace_size(rows, cols, dev.type, dev.index)
+        ws, ws_ptr = _scratch(ws_size, dev, dy.device)
+        _core.dbias_cast_transpose(_float_desc(dy, dev, "grad"),
+                                   _fp8_desc(rows, cols, fp8_dtype, data, data_t, scale, scale_inv, 0, dev),
+                                   _float_desc(dbias, dev, "dbias"), ws_ptr, ws_size, dev.stream)
+        return dbias, _f8.Float8TensorBase.wrap(data, data_t, scale_inv, fp8_dtype)
 
 
 def _amax_and_scale_slots(count: int, dev: CoreDevice, device: torch.device) -> Tuple[torch.Tensor, int]:
@@ -479,21 +533,29 @@ def norm_backward(layernorm: bool, dz: torch.Tensor, x: torch.Tensor, mu: Option
     return dx, dgamma, dbeta
 
 
-def activation_forward(kind: int, gated: bool, x: torch.Tensor, dev: CoreDevice, fp8: Optional[Fp8Output] = None):
+def activation_forward(kind: int, gated: bool, x: torch.Tensor, dev: CoreDevice, fp8: Optional[Fp8Output] = None,
+                       amax: int = 0):
     """The activation ``kind`` (an _core.Activation value) of the 2-D ``x``, as gelu() & co.:
-    [rows, cols], or [rows, cols / 2] for the ``gated`` kinds, in x's dtype or FP8."""
+    [rows, cols], or [rows, cols / 2] for the ``gated`` kinds, in x's dtype or FP8. ``amax``
+    (a float output): the address of an fp32 raised to the output's max|y| (FusedAmax)."""
     rows, cols = x.shape
-    out, out_desc = _output(rows, cols // 2 if gated else cols, x, fp8, dev)
+    if amax:
+        out = torch.empty(rows, cols // 2 if gated else cols, dtype=x.dtype, device=x.device)
+        out_desc = _float_desc(out, dev, "out", amax)
+    else:
+        out, out_desc = _output(rows, cols // 2 if gated else cols, x, fp8, dev)
     _core.activation_fwd(kind, _float_desc(x, dev, "inp"), out_desc, dev.stream)
     return out
 
 
-def activation_backward(kind: int, grad: torch.Tensor, x: torch.Tensor, dev: CoreDevice) -> torch.Tensor:
-    """The gradient of activation_forward's input (2-D, x's dtype), as dgelu() & co."""
+def activation_backward(kind: int, grad: torch.Tensor, x: torch.Tensor, dev: CoreDevice,
+                        amax: int = 0) -> torch.Tensor:
+    """The gradient of activation_forward's input (2-D, x's dtype), as dgelu() & co.;
+    ``amax`` as activation_forward's, raised to max|dx|."""
     rows, cols = x.shape
     dx = torch.empty(rows, cols, dtype=x.dtype, device=x.device)
     _core.activation_bwd(kind, _float_desc(grad, dev, "grad"), _float_desc(x, dev, "fwd_input"),
-                         _float_desc(dx, dev, "dinput"), dev.stream)
+                         _float_desc(dx, dev, "dinput", amax), dev.stream)
     return dx
 
 

@@ -315,15 +315,19 @@ def cast_to_fp8(x: torch.Tensor, step: FP8Step, index: int, dev: CoreDevice, *, 
                              columnwise)
         return module_ops.quantize(x, state.fp8_dtype, state.scale_address(index), state.amax_address(index),
                                    rowwise, columnwise, dev)
+    fp8_dtype, epsilon, power_2_scale = current_scaling_params(step, forward, is_weight)
+    if group is not None:
+        return group.add_current_scaling(x, fp8_dtype, epsilon, power_2_scale, rowwise, columnwise)
+    return module_ops.quantize_current_scaling(x, fp8_dtype, epsilon, power_2_scale, rowwise, columnwise, dev)
+
+
+def current_scaling_params(step: FP8Step, forward: bool, is_weight: bool = False):
+    """(FP8 format, amax epsilon, power-of-2 scales) of a current-scaling cast in the
+    step's recipe: the weight's, an input's or (backward) a gradient's."""
     recipe = step.recipe
     qparams = (recipe.fp8_quant_bwd_grad if not forward
                else recipe.fp8_quant_fwd_weight if is_weight else recipe.fp8_quant_fwd_inp)
-    fp8_dtype = get_fp8_te_dtype(recipe, forward)
-    if group is not None:
-        return group.add_current_scaling(x, fp8_dtype, qparams.amax_epsilon, qparams.power_2_scale, rowwise,
-                                         columnwise)
-    return module_ops.quantize_current_scaling(x, fp8_dtype, qparams.amax_epsilon, qparams.power_2_scale, rowwise,
-                                               columnwise, dev)
+    return get_fp8_te_dtype(recipe, forward), qparams.amax_epsilon, qparams.power_2_scale
 
 
 def check_fp8_dims(x: torch.Tensor, name: str) -> None:

@@ -33,6 +33,7 @@ from transformer_engine.pytorch.module.base import (
     activation_dtype_of,
     cast_to_fp8,
     check_module_input,
+    current_scaling_params,
     default_device,
 )
 from transformer_engine.pytorch.module.layernorm_linear import norm_then_maybe_fp8
@@ -70,12 +71,19 @@ ACTIVATIONS = {
 def activation_forward(step: FP8Step, activation: str, fc1_out: torch.Tensor, need_wgrad: bool, dev: CoreDevice):
     """(high-precision output or None, FP8 output or None) of the activation as fc2's input
     (forward tensor 2). Delayed scaling: the kernel writes FP8 with the state's scale and
-    raises its amax; current scaling needs the amax first, so it casts afterwards."""
+    raises its amax; current scaling needs the amax first, so it casts afterwards, from the
+    amax the kernel took of what it wrote where the output is larger than one block's cast
+    (module_ops.FusedAmax: one read of it fewer)."""
     kind, gated = ACTIVATIONS[activation]
     if step.fp8 and step.delayed:
         state = step.fwd_state
         fp8 = Fp8Output(state.fp8_dtype, state.scale_address(2), state.amax_address(2), need_wgrad)
         return None, module_ops.activation_forward(kind, gated, fc1_out, dev, fp8)
+    if step.fp8 and fc1_out.numel() // (2 if gated else 1) > module_ops.FUSED_AMAX_MIN_ELEMENTS:
+        fused = module_ops.FusedAmax(fc1_out.device)
+        act_out = module_ops.activation_forward(kind, gated, fc1_out, dev, amax=fused.address)
+        fp8_dtype, epsilon, power_2_scale = current_scaling_params(step, forward=True)
+        return None, fused.quantize(act_out, fp8_dtype, epsilon, power_2_scale, True, need_wgrad, dev)
     act_out = module_ops.activation_forward(kind, gated, fc1_out, dev)
     if step.fp8:
         return None, cast_to_fp8(act_out, step, 2, dev, rowwise=True, columnwise=need_wgrad)
@@ -88,14 +96,24 @@ def activation_backward(step: FP8Step, activation: str, d_act: torch.Tensor, fc1
     activation output's gradient. Delayed scaling: one kernel computes the activation
     gradient, its column sums (fc1's bias gradient) and the FP8 cast in both layouts
     (backward tensor 1), reading d_act and fc1_out once. Current scaling (whose cast needs
-    dx's amax first) returns dx alone: fc1's backward sums it with its cast
-    (bias_with_the_cast). ``dbias_dtype``: fc1's bias dtype (float32: the kernel's fp32 sums)."""
+    dx's amax first): past one block's cast, the kernel takes the amax of the dx it writes
+    and the cast (with the bias gradient) follows from it (module_ops.FusedAmax); a small dx
+    is returned alone, and fc1's backward sums it with its cast (bias_with_the_cast).
+    ``dbias_dtype``: fc1's bias dtype (float32: the kernel's fp32 sums)."""
     kind = ACTIVATIONS[activation][0]
     if step.fp8 and step.delayed:
         state = step.bwd_state
         fp8 = Fp8Output(state.fp8_dtype, state.scale_address(1), state.amax_address(1), True)
         dbias, dx_fp8 = module_ops.dact_dbias_quantize(kind, d_act, fc1_out, fp8, want_dbias, dev, dbias_dtype)
         return None, dx_fp8, dbias
+    if step.fp8 and fc1_out.numel() > module_ops.FUSED_AMAX_MIN_ELEMENTS:
+        fused = module_ops.FusedAmax(fc1_out.device)
+        dx = module_ops.activation_backward(kind, d_act, fc1_out, dev, amax=fused.address)
+        fp8_dtype, epsilon, power_2_scale = current_scaling_params(step, forward=False)
+        if want_dbias:
+            dbias, dx_fp8 = fused.dbias_quantize(dx, fp8_dtype, epsilon, power_2_scale, True, True, dev, dbias_dtype)
+            return None, dx_fp8, dbias
+        return None, fused.quantize(dx, fp8_dtype, epsilon, power_2_scale, True, True, dev), None
     dx = module_ops.activation_backward(kind, d_act, fc1_out, dev)
     if bias_with_the_cast(step):
         return dx, None, None
@@ -213,7 +231,7 @@ class _LayerNormMLPFunction(torch.autograd.Function):
                                                  want_dbias=want_b2, defer_to=fc2_target, dbias_dtype=b2_dtype)
         d_fc1_out, d_fc1_fp8, d_b1 = activation_backward(step, module.activation, d_act, fc1_out, want_b1, dev,
                                                          b1_dtype)
-        b1_with_cast = want_b1 and bias_with_the_cast(step)
+        b1_with_cast = want_b1 and d_fc1_fp8 is None and bias_with_the_cast(step)
         d_ln_out, d_w1, d_b1_cast = linear_gemm_backward(step, d_fc1_out, saved_ln, saved_w1, fc1_weight, dtype,
                                                          fc1_weight.requires_grad, True, fuse, dev, index=1,
                                                          dy_fp8=d_fc1_fp8, defer_to=fc1_target,

@@ -1,0 +1,72 @@
+"""The amax an activation forward or backward raises as it writes a float output
+(te_activation_fwd's output.amax, te_activation_bwd's dinput.amax): what te_compute_amax
+of that output adds, bit for bit, for the current-scaling cast that follows it
+(module_ops.FusedAmax)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import requires_cuda
+
+from activation_reference import KINDS, make_input
+from fp8_reference import FLOAT_DTYPES, dtype_id
+from transformer_engine import _core
+from transformer_engine.pytorch.cpp_extensions import compute_amax, module_ops
+
+DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
+# rows x output columns: vectors and a tail on the GPU, the one-by-one path (odd width)
+SHAPES = {"37x1024": (37, 1024), "64x40": (64, 40), "3x17": (3, 17)}
+
+
+def kind_of(name):
+    return int(getattr(_core.Activation, name.upper())), KINDS[name][1]
+
+
+def bits(t):
+    return t.view(torch.int32 if t.dtype == torch.float32 else torch.int16)
+
+
+def with_specials(x):
+    """x with a NaN and a large value in it: the amax skips NaN, and a large value
+    overflows fp16 (the stored inf is what te_compute_amax sees too)."""
+    x = x.clone()
+    x.view(-1)[3] = float("nan")
+    x.view(-1)[-2] = 7e4 if x.dtype != torch.bfloat16 else 3e38
+    return x
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape_id", list(SHAPES))
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("name", list(KINDS))
+def test_fwd_amax_is_that_of_the_output(name, dtype, shape_id, device, gen):
+    rows, h = SHAPES[shape_id]
+    kind, gated = kind_of(name)
+    x = with_specials(make_input((rows, 2 * h if gated else h), dtype, gen)).to(device)
+    dev = module_ops.core_device(x)
+    for prior in (0.0, 1e30):  # the amax is raised, never lowered
+        amax = torch.full((1,), prior, device=device)
+        out = module_ops.activation_forward(kind, gated, x, dev, amax=amax.data_ptr())
+        assert out.dtype == dtype and out.shape == (rows, h)
+        assert torch.equal(bits(out), bits(module_ops.activation_forward(kind, gated, x, dev)))
+        want = compute_amax(out, torch.full((1,), prior, device=device))
+        assert amax.item() == want.item(), (amax.item(), want.item())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape_id", list(SHAPES))
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("name", list(KINDS))
+def test_bwd_amax_is_that_of_dinput(name, dtype, shape_id, device, gen):
+    rows, h = SHAPES[shape_id]
+    kind, gated = kind_of(name)
+    x = with_specials(make_input((rows, 2 * h if gated else h), dtype, gen)).to(device)
+    grad = (torch.randn(rows, h, generator=gen) * 3).to(dtype).to(device)
+    dev = module_ops.core_device(x)
+    for prior in (0.0, 1e30):
+        amax = torch.full((1,), prior, device=device)
+        dx = module_ops.activation_backward(kind, grad, x, dev, amax=amax.data_ptr())
+        assert torch.equal(bits(dx), bits(module_ops.activation_backward(kind, grad, x, dev)))
+        want = compute_amax(dx, torch.full((1,), prior, device=device))
+        assert amax.item() == want.item(), (amax.item(), want.item())
