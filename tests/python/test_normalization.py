@@ -800,6 +800,19 @@ def test_bwd_cuda_workspace_off_16_bytes(norm, hidden, device, gen, monkeypatch)
             assert torch.equal(a, b)
 
 
+def alone_and_queued(run, calls):
+    """(results of run(*args) for each of ``calls`` with the GPU drained after each, the
+    same calls queued one after another with no wait between them): a kernel launched
+    before the one it depends on has ended must still read that one's results."""
+    alone = []
+    for args in calls:
+        alone.append(run(*args))
+        torch.cuda.synchronize()
+    queued = [run(*args) for args in calls]
+    torch.cuda.synchronize()
+    return alone, queued
+
+
 @pytest.mark.parametrize("device", CUDA)
 @pytest.mark.parametrize("hidden", [1024, 5120, 16384], ids=lambda h: f"h{h}")
 @pytest.mark.parametrize("norm", NORMS)
@@ -815,12 +828,7 @@ def test_bwd_cuda_back_to_back(norm, hidden, device, gen):
         x, w = x.to(device), w.to(device)
         _, mu, rs = run_fwd(norm, x, w, torch.zeros_like(w), 1e-5, False)
         calls.append((dz, x, mu, rs, w))
-    alone = []
-    for args in calls:
-        alone.append(run_bwd(norm, *args, False))
-        torch.cuda.synchronize()
-    queued = [run_bwd(norm, *args, False) for args in calls]
-    torch.cuda.synchronize()
+    alone, queued = alone_and_queued(lambda *args: run_bwd(norm, *args, False), calls)
     for one, other in zip(alone, queued):
         for a, b in zip(one, other):
             if a is not None:
@@ -845,12 +853,7 @@ def test_fwd_fp8_both_copies_cuda_back_to_back(norm, hidden, device, gen):
         out, _, _ = run_fwd(norm, x, w, b, 1e-5, False, fp8_dtype=E4M3, scale=scale, columnwise=True)
         return out
 
-    alone = []
-    for args in calls:
-        alone.append(forward(*args))
-        torch.cuda.synchronize()
-    queued = [forward(*args) for args in calls]
-    torch.cuda.synchronize()
+    alone, queued = alone_and_queued(forward, calls)
     for one, other in zip(alone, queued):
         assert torch.equal(other._transpose, other._data.t())
         assert torch.equal(one._data, other._data) and torch.equal(one._transpose, other._transpose)
