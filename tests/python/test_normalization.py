@@ -666,13 +666,14 @@ def check_fwd_fp8_cuda(norm, rows, hidden, x_dtype, fp8_dtype, columnwise, devic
 @pytest.mark.parametrize("device", CUDA)
 @pytest.mark.parametrize("columnwise", [False, True], ids=["rowwise", "both"])
 @pytest.mark.parametrize("fp8_dtype", [E4M3, E5M2], ids=dtype_id)
-@pytest.mark.parametrize("shape", [(37, 1000), (4096, 1024), (600, 4096), (5, 16384)],
+@pytest.mark.parametrize("shape", [(37, 1000), (4096, 1024), (600, 4096), (200, 2048), (5, 16384)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_fp8_cuda(norm, x_dtype, shape, fp8_dtype, columnwise, device, gen):
-    """600 x 4096: vectorized rows of four warps, two row groups a block (the row
-    reductions' named barriers, one a group), rows a multiple of 8 (the tiled transpose)."""
+    """600 x 4096 and 200 x 2048: vectorized rows of four and two warps, two and four row
+    groups a block (the row reductions' named barriers, one a group, and the amax folded
+    group by group), rows a multiple of 8 (the tiled transpose)."""
     rows, hidden = shape
     check_fwd_fp8_cuda(norm, rows, hidden, x_dtype, fp8_dtype, columnwise, device, gen)
 

@@ -9,8 +9,9 @@
 // thread visits uses the same columns, so after the first row they come from L1
 // (the row loads are marked evict-first to keep them there). A block per row
 // group (a block that has finished frees its SM for the next; striding blocks over
-// one wave was 2-5% slower), except with an FP8 output, whose amax costs a block
-// reduction and an atomic per block: four waves there.
+// one wave was 2-5% slower), except with an FP8 output, whose amax costs a
+// reduction and an atomic per block (per row group for rows of several warps): four
+// waves there.
 //
 // Statistics (LayerNorm): one reduction of a pair, the sums of d = x - pivot and
 // of d^2, where the pivot is the mean of the row's first 8 elements (a shuffle from
@@ -268,7 +269,21 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads, kVectorized && kIn != TE
 
   if constexpr (kMaybeFp8) {
     if (fp8) {
-      if (p.amax) block_amax_to_global(amax, p.amax);
+      // Rows of several warps fold their amax group by group; shorter rows' groups share
+      // warps, and one atomic a block was faster there than one a warp (RESULTS.md,
+      // twelfth session). Folded over the whole block, rows of several warps made
+      // compute-sanitizer's racecheck report a hazard between a group's slot write and
+      // thread 0's read behind __syncthreads (H100, hidden 4096, two groups a block, only
+      // in a long test run; no cause found): group by group the slots are only read by
+      // warps that passed the group's own barrier with the writers, and racecheck is
+      // clean; the time was the same at hidden 2048-8192.
+      if (p.amax) {
+        if (group.threads > 32) {
+          group_amax_to_global(amax, p.amax, group);
+        } else {
+          block_amax_to_global(amax, p.amax);
+        }
+      }
       if (p.scale_inv && blockIdx.x == 0 && threadIdx.x == 0) *p.scale_inv = 1.0f / scale;
     }
   }

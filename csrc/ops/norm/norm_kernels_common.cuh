@@ -446,5 +446,22 @@ __device__ __forceinline__ void block_amax_to_global(float v, float* amax) {
   }
 }
 
+// The same for a row group of several whole warps (group.threads > 32), with one
+// atomic a group: its warps' maxima meet in their own slots behind the group's own
+// barrier (RowReduction's), so no group waits for the block's others. Every thread of
+// the group must call it.
+__device__ __forceinline__ void group_amax_to_global(float v, float* amax, const RowGroup& group) {
+  __shared__ float warp_max_values[kNormMaxBlockWarps];
+  v = warp_max(v);
+  if (threadIdx.x % 32 == 0) warp_max_values[threadIdx.x / 32] = v;
+  sync_row_group(1 + group.index, group.threads);
+  if (group.thread == 0) {
+    const int first_warp = int(threadIdx.x) / 32, warps = group.threads / 32;
+    float m = 0.0f;
+    for (int w = 0; w < warps; ++w) m = fmaxf(m, warp_max_values[first_warp + w]);
+    atomic_max_nonnegative(amax, m);
+  }
+}
+
 }  // namespace norm_kernels
 }  // namespace opente
