@@ -5,10 +5,13 @@ bandwidth and against PyTorch, in one run.
 
 Bytes counted (bf16 x and weights, [rows, hidden]): forward reads x and writes y
 (2 + 2 bytes an element; 2 + 1 with an FP8 y, 2 + 1 + 1 with its transposed copy
-too, what LayerNormLinear and LayerNormMLP ask for in FP8 training); backward reads
+too, what LayerNormLinear and LayerNormMLP ask for in FP8 training under delayed
+scaling; a bf16 y "and its amax", the max|y| a current-scaling cast of y needs, taken
+as the kernel writes y: the same 2 + 2 bytes); backward reads
 dz and x and writes dx (6 bytes an element); the statistics and the [hidden] vectors
 are left out. PyTorch does the same work with F.layer_norm / F.rms_norm (forward; for
-an FP8 y then amax and the scaled cast, and for the transposed copy ``.t().contiguous()``)
+an FP8 y then amax and the scaled cast, and for the transposed copy ``.t().contiguous()``;
+for the amax ``y.abs().amax()``, a second pass)
 and their autograd backward (timed as backward of a saved graph, dx and dweight).
 
 Each call takes the next of three copies of its inputs: the time of one memory-bound
@@ -25,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from timing import print_bandwidth_table
 
-from transformer_engine.pytorch.cpp_extensions import layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
+from transformer_engine.pytorch.cpp_extensions import layernorm_bwd, layernorm_fwd, module_ops, rmsnorm_bwd, rmsnorm_fwd
 
 
 def rotating(fn, inputs):
@@ -38,6 +41,12 @@ def torch_fp8(y, scale, amax):
     """PyTorch's way to an FP8 y with delayed scaling: amax, then the scaled cast."""
     torch.maximum(amax, y.abs().amax().float(), out=amax)
     return (y.float() * scale).to(torch.float8_e4m3fn)
+
+
+def torch_amax(y, amax):
+    """PyTorch's max|y| of a norm output, raised into ``amax``: a second read of y."""
+    torch.maximum(amax, y.abs().amax().float(), out=amax)
+    return y
 
 
 def with_transpose(y_fp8):
@@ -65,8 +74,15 @@ def cases(rows: int, hidden: int):
                     F.rms_norm(xg, shape, wg, eps)))
     n = copies[0][0].numel()
     fp8 = dict(fp8_dtype=torch.float8_e4m3fn, scale=scale, amax=amax)
+    dev = module_ops.core_device(copies[0][0])
+
+    def with_amax(layernorm: bool):  # the modules' call under current scaling (module_ops.FusedAmax)
+        return lambda x: module_ops.norm_forward(layernorm, x, w, b if layernorm else None, eps, False, dev,
+                                                 amax=amax.data_ptr())
     yield ("layernorm fwd", 4 * n, rotating(lambda x: layernorm_fwd(x, w, b, eps), fwd),
            rotating(lambda x: F.layer_norm(x, shape, w, b, eps), fwd))
+    yield ("layernorm fwd, and its amax", 4 * n, rotating(with_amax(True), fwd),
+           rotating(lambda x: torch_amax(F.layer_norm(x, shape, w, b, eps), amax), fwd))
     yield ("layernorm fwd, FP8 y", 3 * n, rotating(lambda x: layernorm_fwd(x, w, b, eps, **fp8), fwd),
            rotating(lambda x: torch_fp8(F.layer_norm(x, shape, w, b, eps), scale, amax), fwd))
     yield ("layernorm fwd, FP8 y and y^T", 4 * n,
@@ -77,6 +93,8 @@ def cases(rows: int, hidden: int):
                     torch.autograd.grad(y_ln, (xg, wg, bg), dz, retain_graph=True), bwd))
     yield ("rmsnorm fwd", 4 * n, rotating(lambda x: rmsnorm_fwd(x, w, eps), fwd),
            rotating(lambda x: F.rms_norm(x, shape, w, eps), fwd))
+    yield ("rmsnorm fwd, and its amax", 4 * n, rotating(with_amax(False), fwd),
+           rotating(lambda x: torch_amax(F.rms_norm(x, shape, w, eps), amax), fwd))
     yield ("rmsnorm fwd, FP8 y", 3 * n, rotating(lambda x: rmsnorm_fwd(x, w, eps, **fp8), fwd),
            rotating(lambda x: torch_fp8(F.rms_norm(x, shape, w, eps), scale, amax), fwd))
     yield ("rmsnorm fwd, FP8 y and y^T", 4 * n,

@@ -62,3 +62,19 @@ def test_amax_is_that_of_the_output(name, dtype, shape_id, direction, device, ge
         assert torch.equal(bits(out), bits(run()))
         want = compute_amax(out, torch.full((1,), prior, device=device))
         assert amax.item() == want.item(), (amax.item(), want.item())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_public_helper_takes_a_float_outputs_amax(device, dtype):
+    """gelu() & co. take ``amax`` with a float output too (as layernorm_fwd does): raised to
+    te_compute_amax of the output, the output the same bits as without it."""
+    from transformer_engine.pytorch.cpp_extensions import gelu
+
+    torch.manual_seed(5)
+    x = with_specials(torch.randn(37, 1024, dtype=dtype, device=device) * 3)
+    plain = gelu(x)
+    amax = torch.zeros(1, device=device)
+    y = gelu(x, amax=amax)
+    assert torch.equal(bits(y), bits(plain))
+    assert bits(amax).item() == bits(compute_amax(plain)).item()

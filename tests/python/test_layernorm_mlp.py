@@ -174,10 +174,10 @@ def test_errors():
 @pytest.mark.parametrize("activation", ["gelu", "swiglu"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
 def test_current_scaling_fused_amax_same_as_own_pass(device, activation, bias, monkeypatch):
-    """Current scaling casts the activation output and fc1's output gradient from the amax
-    their kernels took as they wrote them (module_ops.FusedAmax, past one block's cast);
-    with that switched off each cast takes its own amax pass. Outputs, every gradient and
-    the FP8 metadata are the same bit for bit."""
+    """Current scaling casts the norm output, the activation output and fc1's output
+    gradient from the amax their kernels took as they wrote them (module_ops.FusedAmax,
+    past one block's cast); with that switched off each cast takes its own amax pass.
+    Outputs and every gradient are the same bit for bit."""
     from transformer_engine.pytorch.cpp_extensions import module_ops
 
     def run(min_elements):

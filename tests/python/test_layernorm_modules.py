@@ -138,6 +138,44 @@ def test_layernorm_linear_fp8_close_to_bf16(device, recipe, normalization):
             assert rel_err(a, b) < 0.10
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("normalization", ["LayerNorm", "RMSNorm"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("return_layernorm_output", [False, True], ids=["out", "with_ln_out"])
+def test_layernorm_linear_current_scaling_norm_amax_same_as_own_pass(device, normalization, dtype,
+                                                                     return_layernorm_output, monkeypatch):
+    """Current scaling casts the norm output from the amax the norm kernel took as it wrote
+    it (module_ops.FusedAmax, past one block's cast); with that switched off the cast takes
+    its own amax pass. Outputs (and the norm output when returned) and every gradient are
+    the same bit for bit, over two steps."""
+    from transformer_engine.pytorch.cpp_extensions import module_ops
+
+    def run(min_elements):
+        monkeypatch.setattr(module_ops, "FUSED_AMAX_MIN_ELEMENTS", min_elements)
+        torch.manual_seed(9)
+        m = te.LayerNormLinear(64, 48, normalization=normalization, params_dtype=dtype, device=device,
+                               return_layernorm_output=return_layernorm_output)
+        results = []
+        for _ in range(2):
+            # rows of different offsets and spreads, so that the amax is set by one row
+            x = (torch.randn(256, 1) * 3 + torch.rand(256, 1) * 4 * torch.randn(256, 64)).to(dtype).to(device)
+            x.requires_grad_()
+            with te.fp8_autocast(fp8_recipe=Float8CurrentScaling()):
+                out = m(x)
+            y, ln_out = out if return_layernorm_output else (out, None)
+            y.backward(torch.randn_like(y))
+            results += [y.detach(), x.grad] + [p.grad.clone() for p in m.parameters()]
+            if ln_out is not None:
+                results.append(ln_out.detach())
+            m.zero_grad()
+        return results
+
+    fused, own_pass = run(0), run(1 << 62)
+    assert len(fused) == len(own_pass)
+    for a, b in zip(fused, own_pass):
+        assert torch.equal(a, b)
+
+
 def test_layernorm_linear_delayed_scaling_norm_raises_the_input_amax():
     # The fused norm + cast records max|ln_out| as the forward amax of tensor 0.
     torch.manual_seed(4)

@@ -690,6 +690,42 @@ def test_fwd_fp8_cuda_buckets(norm, hidden, columnwise, misaligned, device, gen)
                        misaligned=misaligned)
 
 
+_BF16, _FP16, _FP32 = torch.bfloat16, torch.float16, torch.float32
+
+
+@pytest.mark.parametrize("device", ["cpu"] + CUDA)
+@pytest.mark.parametrize(
+    "rows,hidden,x_dtype,out_dtype,misaligned",
+    [
+        (37, 64, _BF16, None, False),  # vectorized, 16 elements a thread, rows sharing warps
+        (600, 4096, _BF16, None, False),  # vectorized, four-warp rows, two groups a block
+        (200, 2048, _FP16, None, False),  # two-warp rows, four groups a block
+        (64, 1024, _FP32, None, False),  # fp32, a warp a row
+        (37, 1000, _BF16, None, False),  # element-wise (hidden % 8 != 0)
+        (37, 4096, _BF16, None, True),  # element-wise (misaligned)
+        (37, 768, _BF16, _FP32, False),  # y in another dtype than x: element-wise
+        (5, 16392, _BF16, None, False),  # rows too long for registers: the fallback kernel
+    ],
+    ids=["h64", "h4096", "h2048_fp16", "h1024_fp32", "h1000", "h4096_misaligned", "bf16_to_fp32", "h16392"],
+)
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd_float_amax(norm, rows, hidden, x_dtype, out_dtype, misaligned, device, gen):
+    """A float y with its amax (what a current-scaling cast of y needs; module_ops.FusedAmax):
+    max(prior, max|y| over y as stored), a NaN row ignored, exactly; y itself the same bits
+    as without the amax. Every kernel path, both devices."""
+    x, w, b = make_inputs((rows,), hidden, x_dtype, _FP32, False, gen)
+    x[rows // 2, hidden // 3] = float("nan")  # its row comes out NaN
+    xd, wd, bd = on_device(x, device, misaligned), w.to(device), b.to(device)
+    plain, _, _ = run_fwd(norm, xd, wd, bd, 1e-5, False, out_dtype=out_dtype)
+    stored = plain.float().abs()
+    largest = float(stored[~stored.isnan()].max())
+    for prior in (0.0, 2.0 * largest):
+        amax = torch.full((1,), prior, device=device)
+        y, _, _ = run_fwd(norm, xd, wd, bd, 1e-5, False, out_dtype=out_dtype, amax=amax)
+        assert torch.equal(y.view(torch.uint8), plain.view(torch.uint8))
+        assert amax.item() == max(prior, largest)
+
+
 def torch_bwd_fp32(norm, dz, x, w, b, eps, zero_centered):
     """PyTorch's autograd of the same norm in fp32 on the GPU, rounded to the result dtypes."""
     hidden = x.shape[-1]

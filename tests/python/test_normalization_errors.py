@@ -82,12 +82,13 @@ def test_layernorm_fwd_bias(bias, exc, pattern):
          r"amax must be float32"),
         (dict(fp8_dtype=torch.float16, scale=torch.ones(1)), TypeError, r"fp8_dtype must be DType.kFloat8E4M3"),
         (dict(fp8_dtype=DType.kBFloat16, scale=torch.ones(1)), TypeError, r"fp8_dtype must be"),
-        (dict(scale=torch.ones(1)), ValueError, r"scale, amax and columnwise are for an FP8 output: pass fp8_dtype"),
-        (dict(amax=torch.zeros(1)), ValueError, r"scale, amax and columnwise are for an FP8 output"),
-        (dict(columnwise=True), ValueError, r"scale, amax and columnwise are for an FP8 output"),
+        (dict(scale=torch.ones(1)), ValueError, r"scale and columnwise are for an FP8 output: pass fp8_dtype"),
+        (dict(amax=torch.zeros(2)), ValueError, r"amax must have 1 element"),
+        (dict(amax=torch.zeros(1, dtype=torch.float16)), TypeError, r"amax must be float32"),
+        (dict(columnwise=True), ValueError, r"scale and columnwise are for an FP8 output"),
     ],
     ids=["out_int32", "out_fp8", "both_outputs", "no_scale", "scale_f64", "scale_2", "amax_bf16", "fp8_f16",
-         "fp8_bf16_enum", "scale_alone", "amax_alone", "columnwise_alone"],
+         "fp8_bf16_enum", "scale_alone", "float_out_amax_2", "float_out_amax_f16", "columnwise_alone"],
 )
 def test_fwd_output_options(norm, kwargs, exc, pattern):
     with pytest.raises(exc, match=pattern):

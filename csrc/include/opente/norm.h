@@ -57,7 +57,9 @@ size_t te_norm_workspace_size(int64_t rows, int64_t hidden, te_device device);
  * eps: finite and >= 0. zero_centered_gamma: nonzero adds 1 to gamma.
  * output: the input's shape, either
  *   - float32, float16 or bfloat16 (TE_SCALING_NONE; `data` written; the scale
- *     fields are not used and columnwise_data must be null), or
+ *     fields are not used and columnwise_data must be null; `amax`, if set, is
+ *     raised to max(amax, max|y|) over y as stored, NaNs ignored: what
+ *     te_compute_amax of the output would add, in the same pass), or
  *   - float8_e4m3 / float8_e5m2 with TE_SCALING_PER_TENSOR, exactly as
  *     te_quantize's output: `scale` required; `data` (row-wise) and / or
  *     `columnwise_data` ([hidden, rows], written in the same pass); `scale_inv`,

@@ -115,7 +115,7 @@ void norm_fwd(NormType type, const te_tensor* input_desc, const te_tensor* gamma
   p.output_t = fp8 ? out.columnwise_data : nullptr;
   p.scale = fp8 ? out.scale : nullptr;
   p.scale_inv = fp8 ? out.scale_inv : nullptr;
-  p.amax = fp8 ? out.amax : nullptr;
+  p.amax = out.amax;  // a float output's too: its max|y|, fused, for a current-scaling cast of it
   p.mu = mu ? static_cast<float*>(mu->data) : nullptr;
   p.rsigma = static_cast<float*>(rsigma.data);
   p.rows = m.rows;

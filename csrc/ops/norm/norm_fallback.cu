@@ -88,18 +88,15 @@ __global__ void __launch_bounds__(kThreads) norm_fwd_fallback_kernel(NormFwdPara
     for (int64_t c = threadIdx.x; c < hidden; c += kThreads) {
       float y = (value(c) - mu) * rsigma * (load_param(p.gamma, c, p.w_dtype) + gamma_shift);
       if (layernorm) y += load_param(p.beta, c, p.w_dtype);
-      if (fp8) {
-        local_amax = fmaxf(local_amax, fabsf(y));
-        y *= scale;
-      }
+      local_amax = fmaxf(local_amax, fabsf(y));  // used for an FP8 y and where p.amax is set
+      if (fp8) y *= scale;
       if (p.output) store_element_as(p.output, r * hidden + c, p.out_dtype, y);
       if (p.output_t) store_element_as(p.output_t, c * p.rows + r, p.out_dtype, y);
     }
   }
-  if (fp8) {
-    if (p.amax) block_amax_to_global(local_amax, p.amax);
-    if (p.scale_inv && blockIdx.x == 0 && threadIdx.x == 0) *p.scale_inv = 1.0f / scale;
-  }
+  // FP8: max|y| before scaling; a float y: of y as stored (as te_compute_amax of it)
+  if (p.amax) block_amax_to_global(fp8 ? local_amax : rounded_as(p.out_dtype, local_amax), p.amax);
+  if (fp8 && p.scale_inv && blockIdx.x == 0 && threadIdx.x == 0) *p.scale_inv = 1.0f / scale;
 }
 
 // dx for each row (the grid strides over rows).

@@ -117,16 +117,24 @@ __device__ __forceinline__ float row_pivot(const In* row, int hidden) {
 // output 16-byte (FP8: 8-byte) aligned. kOut: the output dtype of the vectorized
 // instantiations; the element-wise ones read p.out_dtype instead (one
 // instantiation per input dtype for that rarer case; the dispatch passes kIn as
-// kOut there). The register cap of 64 (two blocks an SM) is for 16-bit inputs:
-// an fp32 row takes twice the registers, and the element-wise kernels' bounds
-// and dtype switches more; capped, both spilled (ptxas, sm_90a).
-template <te_dtype kIn, te_dtype kOut, int kChunks, bool kLayerNorm, bool kVectorized>
+// kOut there). kFloatAmax: a vectorized float y in the input's dtype that also
+// raises p.amax to max|y| as stored (a current-scaling cast of y follows from it:
+// module_ops.FusedAmax); its own instantiations, so the plain float-y kernels carry
+// no amax instructions (their PTX is the same as before it existed); the element-wise
+// kernels test p.amax at run time. The register cap of 64 (two blocks an SM) is for
+// 16-bit inputs: an fp32 row takes twice the registers, and the element-wise kernels'
+// bounds and dtype switches more; capped, both spilled (ptxas, sm_90a).
+template <te_dtype kIn, te_dtype kOut, int kChunks, bool kLayerNorm, bool kVectorized, bool kFloatAmax = false>
 __global__ void __launch_bounds__(kNormMaxBlockThreads, kVectorized && kIn != TE_DTYPE_FLOAT32 ? 2 : 1)
     norm_fwd_rows_kernel(NormFwdParams p, int threads_per_row, int rows_per_block) {
   using In = typename CudaType<kIn>::type;
   constexpr bool kMaybeFp8 = !kVectorized || kIsFp8<kOut>;
+  constexpr bool kMaybeAmax = kMaybeFp8 || kFloatAmax;
+  static_assert(!kFloatAmax || (kVectorized && kOut == kIn), "kFloatAmax: a vectorized y in the input's dtype");
   if constexpr (kMaybeFp8) allow_dependent_launch();  // the transposed copy's kernel (norm_fwd_cuda)
   const bool fp8 = kVectorized ? kIsFp8<kOut> : is_fp8_dtype(p.out_dtype);
+  // max|y| is taken for an FP8 y (before scaling) and where a float y's amax is asked for
+  const bool takes_amax = kVectorized ? kIsFp8<kOut> || kFloatAmax : fp8 || p.amax != nullptr;
   __shared__ float scratch[2 * kNormMaxBlockWarps];
   __shared__ float2 pair_scratch[kLayerNorm ? 2 * kNormMaxBlockWarps : 1];
   const RowGroup group(threads_per_row);
@@ -241,13 +249,13 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads, kVectorized && kIn != TE
         for (int i = 0; i < kChunk; ++i) {
           y[i] = (x.at(j, i) - mu) * rsigma * gamma[i];  // the CPU reference's order: xhat, then * g
           if constexpr (kLayerNorm) y[i] += beta[i];
+          // past the row (element-wise kernels) y is 0, or NaN where rsigma is inf, which
+          // fmaxf ignores
+          if constexpr (kMaybeAmax) {
+            if (takes_amax) amax = fmaxf(amax, fabsf(y[i]));
+          }
           if constexpr (kMaybeFp8) {
-            if (fp8) {
-              // past the row (element-wise kernels) y is 0, or NaN where rsigma is inf,
-              // which fmaxf ignores
-              amax = fmaxf(amax, fabsf(y[i]));
-              y[i] *= scale;
-            }
+            if (fp8) y[i] *= scale;
           }
         }
         store_y<kVectorized, kOut>(p, r, col, hidden, fp8, y);
@@ -267,8 +275,11 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads, kVectorized && kIn != TE
     }
   }
 
-  if constexpr (kMaybeFp8) {
-    if (fp8) {
+  if constexpr (kMaybeAmax) {
+    // FP8: max|y| before scaling. A float y: of y as stored (rounded_as: the rounded max
+    // is the max of the rounded values), what te_compute_amax of the output would give.
+    if (!fp8) amax = rounded_as(p.out_dtype, amax);
+    if (takes_amax) {
       // Rows of several warps fold their amax group by group; shorter rows' groups share
       // warps, and one atomic a block was faster there than one a warp (RESULTS.md,
       // twelfth session). Folded over the whole block, rows of several warps made
@@ -284,8 +295,8 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads, kVectorized && kIn != TE
           block_amax_to_global(amax, p.amax);
         }
       }
-      if (p.scale_inv && blockIdx.x == 0 && threadIdx.x == 0) *p.scale_inv = 1.0f / scale;
     }
+    if (fp8 && p.scale_inv && blockIdx.x == 0 && threadIdx.x == 0) *p.scale_inv = 1.0f / scale;
   }
 }
 
@@ -314,29 +325,29 @@ void norm_fwd_cuda(const NormFwdParams& p, int device, void* workspace, size_t w
   }
   auto launch = [&](auto kernel) {
     // at least one block even for zero rows: it still writes an FP8 output's scale_inv
-    // An FP8 y ends each block in an amax reduction (cuda_utils.h: grid_stride_blocks).
+    // A kernel that takes an amax ends each block in its reduction (cuda_utils.h: grid_stride_blocks).
     const int64_t grid = norm_resident_grid(reinterpret_cast<const void*>(kernel), shape, 0, p.rows, device,
-                                            is_fp8(p.out_dtype) ? kReducingKernelWaves : kUncappedWaves);
+                                            is_fp8(p.out_dtype) || p.amax ? kReducingKernelWaves : kUncappedWaves);
     kernel<<<unsigned(grid), unsigned(shape.block_threads()), 0, as_stream(stream)>>>(
         p, shape.threads_per_row, shape.rows_per_block);
     check_launch("norm_fwd_rows_kernel");
   };
   // the one switch from the shape's bucket and the norm to template arguments
-  auto launch_bucket = [&](auto in_tag, auto out_tag, auto vectorized_tag) {
+  auto launch_bucket = [&](auto in_tag, auto out_tag, auto vectorized_tag, auto float_amax_tag) {
     constexpr te_dtype kIn = decltype(in_tag)::value, kOut = decltype(out_tag)::value;
-    constexpr bool kVec = decltype(vectorized_tag)::value;
+    constexpr bool kVec = decltype(vectorized_tag)::value, kAmax = decltype(float_amax_tag)::value;
     const bool layernorm = p.type == NormType::kLayerNorm;
     if (shape.chunks == kNormFwdSmallChunks) {
       if (layernorm) {
-        launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdSmallChunks, true, kVec>);
+        launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdSmallChunks, true, kVec, kAmax>);
       } else {
-        launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdSmallChunks, false, kVec>);
+        launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdSmallChunks, false, kVec, kAmax>);
       }
     } else {
       if (layernorm) {
-        launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdChunks, true, kVec>);
+        launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdChunks, true, kVec, kAmax>);
       } else {
-        launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdChunks, false, kVec>);
+        launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdChunks, false, kVec, kAmax>);
       }
     }
   };
@@ -344,12 +355,15 @@ void norm_fwd_cuda(const NormFwdParams& p, int device, void* workspace, size_t w
                           (p.beta == nullptr || is_aligned(p.beta, 16)) &&
                           (p.output == nullptr || is_aligned(p.output, is_fp8(p.out_dtype) ? 8 : 16));
   dispatch_float_dtype(p.in_dtype, [&](auto in_tag) {
-    if (vectorized) {
+    if (vectorized && p.amax && p.out_dtype == p.in_dtype) {
+      // a float y's amax (FP8 ys always take theirs): the modules' case, y in x's dtype
+      launch_bucket(in_tag, in_tag, std::true_type{}, std::true_type{});
+    } else if (vectorized && (!p.amax || is_fp8(p.out_dtype))) {
       dispatch_any_float_dtype(p.out_dtype, [&](auto out_tag) {
-        launch_bucket(in_tag, out_tag, std::true_type{});
+        launch_bucket(in_tag, out_tag, std::true_type{}, std::false_type{});
       });
-    } else {
-      launch_bucket(in_tag, in_tag, std::false_type{});
+    } else {  // and a float y of another dtype with its amax
+      launch_bucket(in_tag, in_tag, std::false_type{}, std::false_type{});
     }
   });
 }

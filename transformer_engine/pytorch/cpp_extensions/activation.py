@@ -79,7 +79,8 @@ def _make(kind, name: str, formula: str):
         f"``{formula}`` in fp32{' over inp [..., 2H] = [a | b], output [..., H]' if gated else ''}.\n\n"
         "Output: ``out_dtype`` (default inp's dtype), or with ``fp8_dtype`` and ``scale`` (float32 [1])\n"
         "a Float8TensorBase of fp8(y * scale), with the transposed copy too when ``columnwise``;\n"
-        "``amax``, if given, is raised in place to max(amax, max|y|)."
+        "``amax`` (float32 [1]), if given, is raised in place to max(amax, max|y|): of y before\n"
+        "scaling, or of a float y as stored (what a current-scaling cast of it needs)."
     )
     bwd.__name__ = bwd.__qualname__ = "d" + name
     bwd.__doc__ = (

@@ -489,13 +489,19 @@ def delayed_scaling_update(groups, margin: float, amax_compute_algo: int, dev: C
 
 
 def norm_forward(layernorm: bool, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], eps: float,
-                 zero_centered_gamma: bool, dev: CoreDevice, fp8: Optional[Fp8Output] = None):
+                 zero_centered_gamma: bool, dev: CoreDevice, fp8: Optional[Fp8Output] = None, amax: int = 0):
     """(out, mu, rsigma) of LayerNorm (``layernorm``, mu None otherwise: RMSNorm) over the
-    rows of the 2-D ``x``, as layernorm_fwd / rmsnorm_fwd: out in x's dtype, or FP8."""
+    rows of the 2-D ``x``, as layernorm_fwd / rmsnorm_fwd: out in x's dtype, or FP8.
+    ``amax`` (an output in x's dtype): the address of an fp32 raised to the output's
+    max|y| (FusedAmax)."""
     rows, hidden = x.shape
     device = x.device
     x_desc = _float_desc(x, dev, "inp")
-    out, out_desc = _output(rows, hidden, x, fp8, dev)
+    if amax:
+        out = torch.empty(rows, hidden, dtype=x.dtype, device=device)
+        out_desc = _float_desc(out, dev, "out", amax)
+    else:
+        out, out_desc = _output(rows, hidden, x, fp8, dev)
     mu = torch.empty(rows, dtype=_F32, device=device) if layernorm else None
     rsigma = torch.empty(rows, dtype=_F32, device=device)
     ws_size = _core.norm_workspace_size(rows, hidden, dev.type, dev.index)

@@ -5,7 +5,8 @@ A tensor [..., hidden] is normalized over its last dim; the statistics ``mu`` an
 ``rsigma`` are float32 [rows] with rows = the product of the other dims. The weights
 may have another float dtype than the input (fp32 weights with bf16 activations).
 Forward output: the input's dtype, ``out_dtype``, or FP8 (``fp8_dtype`` with ``scale``),
-the fused norm + quantize that LayerNormLinear and LayerNormMLP run.
+the fused norm + quantize that LayerNormLinear and LayerNormMLP run under delayed scaling;
+under current scaling they take a float output with its ``amax`` (the cast needs it first).
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ import torch
 
 from transformer_engine import _core
 from transformer_engine.pytorch.cpp_extensions.cast import columnwise_shape
-from transformer_engine.pytorch.cpp_extensions.tensor_desc import check_fp32_buffer, describe, fp8_dtype_of, stream_of
+from transformer_engine.pytorch.cpp_extensions.tensor_desc import (
+    check_fp32_buffer,
+    describe,
+    fp8_dtype_of,
+    stream_of,
+    te_dtype,
+)
 
 # A module import, not a name: the tensor package imports the cast helpers of
 # this package, so either package may be the one imported first.
@@ -54,15 +61,21 @@ def _ptr_size(ws: Optional[torch.Tensor]) -> tuple[int, int]:
 
 
 def _forward_output(inp, inp_desc, out_dtype, fp8_dtype, scale, amax, columnwise):
-    """(result, descriptor) of the forward's output: a float tensor, or a Float8TensorBase."""
+    """(result, descriptor) of the forward's output: a float tensor (whose max|y| as stored
+    raises ``amax`` when given: what a current-scaling cast of it needs), or a
+    Float8TensorBase."""
     if fp8_dtype is None:
-        if scale is not None or amax is not None or columnwise:
-            raise ValueError("scale, amax and columnwise are for an FP8 output: pass fp8_dtype too")
+        if scale is not None or columnwise:
+            raise ValueError("scale and columnwise are for an FP8 output: pass fp8_dtype too")
         dtype = inp.dtype if out_dtype is None else out_dtype
         if dtype not in _FLOAT_DTYPES:
             raise TypeError(f"out_dtype must be float32, float16 or bfloat16, got {dtype}")
         out = torch.empty(inp.shape, dtype=dtype, device=inp.device)
-        return out, describe(out, "out")
+        if amax is None:
+            return out, describe(out, "out")
+        check_fp32_buffer(amax, "amax", inp)
+        return out, _core.Tensor(*inp_desc.device, int(te_dtype(dtype, "out_dtype")), list(inp.shape), out.data_ptr(),
+                                 amax=amax.data_ptr())
     if out_dtype is not None:
         raise ValueError(f"give out_dtype ({out_dtype}) or fp8_dtype ({fp8_dtype!r}), not both")
     dtype = fp8_dtype_of(fp8_dtype)
@@ -124,8 +137,10 @@ def layernorm_fwd(
     ``inp`` [..., hidden]; ``weight``, ``bias`` [hidden] (one float dtype, may differ from
     inp's). Output: ``out_dtype`` (default inp's dtype), or with ``fp8_dtype`` and
     ``scale`` (float32 [1]) a Float8TensorBase of fp8(y * scale), with the transposed
-    copy too when ``columnwise``; ``amax``, if given, is raised in place to
-    max(amax, max|y|). Returns ``(out, mu, rsigma)``, the statistics float32 [rows]."""
+    copy too when ``columnwise``; ``amax`` (float32 [1]), if given, is raised in place to
+    max(amax, max|y|) (of y before scaling; of a float y as stored, what a
+    current-scaling cast of it needs, in the same pass). Returns ``(out, mu, rsigma)``,
+    the statistics float32 [rows]."""
     return _norm_fwd(True, inp, weight, bias, eps, zero_centered_gamma, out_dtype, fp8_dtype, scale, amax,
                      columnwise)
 

@@ -39,10 +39,12 @@ def reset_norm_parameters(module: torch.nn.Module, zero_centered_gamma: bool, pr
 
 
 def norm_forward(normalization: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                 eps: float, zero_centered_gamma: bool, dev: CoreDevice, fp8: Optional[Fp8Output] = None):
+                 eps: float, zero_centered_gamma: bool, dev: CoreDevice, fp8: Optional[Fp8Output] = None,
+                 amax: int = 0):
     """(out, mu, rsigma) of the 2-D ``x``; mu is None for RMSNorm. out in x's dtype, or FP8
-    as ``fp8`` says (the fused norm + cast)."""
-    return module_ops.norm_forward(normalization == "LayerNorm", x, weight, bias, eps, zero_centered_gamma, dev, fp8)
+    as ``fp8`` says (the fused norm + cast); ``amax``: see module_ops.norm_forward."""
+    return module_ops.norm_forward(normalization == "LayerNorm", x, weight, bias, eps, zero_centered_gamma, dev, fp8,
+                                   amax)
 
 
 def norm_backward(normalization: str, dz: torch.Tensor, x: torch.Tensor, mu, rsigma, weight: torch.Tensor,

@@ -8,6 +8,7 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 import torch
 
+from transformer_engine.pytorch.cpp_extensions import module_ops
 from transformer_engine.pytorch.cpp_extensions.module_ops import CoreDevice, Fp8Output, core_device
 from transformer_engine.pytorch.module._norm import (
     check_normalization,
@@ -23,7 +24,13 @@ from transformer_engine.pytorch.module._fp8_io import (
     role_quantizer,
     to_float8_tensor,
 )
-from transformer_engine.pytorch.module.base import FP8Step, activation_dtype_of, cast_to_fp8, check_fp8_dims
+from transformer_engine.pytorch.module.base import (
+    FP8Step,
+    activation_dtype_of,
+    cast_to_fp8,
+    check_fp8_dims,
+    current_scaling_params,
+)
 from transformer_engine.pytorch.module.linear import (
     Linear,
     finish_backward,
@@ -42,13 +49,24 @@ def norm_then_maybe_fp8(step: FP8Step, normalization: str, x: torch.Tensor, ln_w
     """The norm of ``x`` for a following GEMM: (high-precision output or None, FP8 output or
     None, mu, rsigma). Under delayed scaling the norm kernel casts to FP8 itself (forward
     tensor 0); a high-precision copy is made only when asked for or when the recipe needs
-    the amax before the cast (current scaling casts in the GEMM step)."""
+    the amax before the cast. Current scaling: past one block's cast the norm kernel takes
+    the amax of the y it writes and the cast follows from it (module_ops.FusedAmax, as
+    Transformer Engine's norm + quantize_with_amax: one read of y fewer than a cast of its
+    own); a smaller y is cast with the weight in the GEMM step (one launch)."""
     if step.fp8 and step.delayed and not need_hp_out:
         check_fp8_dims(x, "the input")
         state = step.fwd_state
         fp8 = Fp8Output(state.fp8_dtype, state.scale_address(0), state.amax_address(0), need_wgrad)
         ln_fp8, mu, rsigma = norm_forward(normalization, x, ln_weight, ln_bias, eps, zero_centered_gamma, dev, fp8)
         return None, ln_fp8, mu, rsigma
+    if step.fp8 and not step.delayed and x.numel() > module_ops.FUSED_AMAX_MIN_ELEMENTS:
+        check_fp8_dims(x, "the input")
+        fused = module_ops.FusedAmax(x.device)
+        ln_out, mu, rsigma = norm_forward(normalization, x, ln_weight, ln_bias, eps, zero_centered_gamma, dev,
+                                          amax=fused.address)
+        fp8_dtype, epsilon, power_2_scale = current_scaling_params(step, forward=True)
+        ln_fp8 = fused.quantize(ln_out, fp8_dtype, epsilon, power_2_scale, True, need_wgrad, dev)
+        return (ln_out if need_hp_out else None), ln_fp8, mu, rsigma
     ln_out, mu, rsigma = norm_forward(normalization, x, ln_weight, ln_bias, eps, zero_centered_gamma, dev)
     return ln_out, None, mu, rsigma
 
