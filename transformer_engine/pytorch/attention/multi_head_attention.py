@@ -24,6 +24,7 @@ from typing import Callable, List, Optional, Tuple, Union
 
 import torch
 
+from transformer_engine.pytorch.attention._qkv_split import split_along_dim
 from transformer_engine.pytorch.attention.dot_product_attention import DotProductAttention
 from transformer_engine.pytorch.attention.inference import InferenceParams
 from transformer_engine.pytorch.attention.qk_norm import make_qk_norms
@@ -249,8 +250,10 @@ class MultiheadAttention(torch.nn.Module):
         else:
             mixed = mixed.view(*lead, per_group + 2, groups, hn)
             split_dim = -3
-        # One split node: its backward concatenates the three gradients (no zero-filled copies).
-        query, key, value = torch.split(mixed, [per_group, 1, 1], dim=split_dim)
+        # One split node, whose backward takes the three gradients whole where the cuDNN
+        # attention wrote them into one buffer of mixed's layout (_qkv_split.py), else
+        # concatenates them (no zero-filled copies either way).
+        query, key, value = split_along_dim(mixed, [per_group, 1, 1], split_dim)
         query = query.reshape(*lead, self.num_attention_heads_per_partition, hn)
         key, value = (t.reshape(*lead, groups, hn) for t in (key, value))
         return query, key, value, layernorm_output

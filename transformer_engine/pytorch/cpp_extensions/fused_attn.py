@@ -111,6 +111,55 @@ def _addressable(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous()
 
 
+def packed_qkv_offsets(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[Tuple[int, int, int, int]]:
+    """(span, and the offsets of q, k and v in it, in elements) where q, k and v are
+    disjoint, equally strided views of one buffer: a fused QKV projection's output split
+    three ways, as MultiheadAttention splits it (Transformer Engine's packed layouts, such
+    as bsh3d and bs3hd); else None. The backward then writes dq, dk and dv into one buffer
+    laid out the same way, which the split's backward takes whole (attention/_qkv_split.py)
+    instead of concatenating three gradients: a copy of them all (at the main job's shape,
+    4% of a layer's step on an H100).
+
+    Sufficient conditions, on strides alone: the same shape, strides and dtype, the head
+    dim innermost (stride 1), no dim of q overlapping the ones inside it; and some level
+    at which the dims inside it span a block that each of q, k, v fills at its own offset,
+    the three blocks apart and inside the step of the dims outside it, whose strides are
+    multiples of that step (bsh3d: the head dim, in steps of 3 heads' worth; bs3hd: heads
+    and head dim, in steps of 3 times all heads); the offsets 16-byte aligned (cuDNN)."""
+    if not (q.shape == k.shape == v.shape and q.stride() == k.stride() == v.stride() and q.dtype == k.dtype == v.dtype):
+        return None
+    storage = q.untyped_storage().data_ptr()
+    if k.untyped_storage().data_ptr() != storage or v.untyped_storage().data_ptr() != storage or q.stride(-1) != 1:
+        return None
+    outer = sorted((st, n) for st, n in zip(q.stride()[:-1], q.shape[:-1]) if n > 1)
+    extent, levels = q.shape[-1], []
+    for stride, n in outer:
+        if stride < extent:  # q overlaps itself
+            return None
+        levels.append((extent, stride))  # the dims inside this one span `extent`; it steps by `stride`
+        extent += stride * (n - 1)
+    offsets = [t.storage_offset() for t in (q, k, v)]
+    rel = [o - min(offsets) for o in offsets]
+    if any(r * q.element_size() % 16 for r in rel):
+        return None
+    a, b, c = sorted(rel)
+    for i, (block, step) in enumerate(levels):
+        if b - a >= block and c - b >= block and c + block <= step and all(st % step == 0 for st, _ in outer[i:]):
+            return (c + extent, *rel)
+    return None
+
+
+def _gradient_buffers(q, k, v, shapes) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv for sdpa_bwd: views of one buffer laid out as q, k, v are where those are
+    packed (packed_qkv_offsets), else contiguous tensors of ``shapes`` (the formats')."""
+    packed = packed_qkv_offsets(q, k, v)
+    if packed is None:
+        return tuple(torch.empty(shape, dtype=q.dtype, device=q.device) for shape in shapes[:3])
+    span, *rel = packed
+    flat = torch.empty(span, dtype=q.dtype, device=q.device)
+    return tuple(flat.as_strided(t.shape, t.stride(), offset) for t, offset in zip((q, k, v), rel))
+
+
 def _operand(x: torch.Tensor, fmt: str, name: str) -> Tuple[_core.Tensor, List[int]]:
     desc, strides = describe_view(_bhsd(x, fmt), name)
     return desc, strides
@@ -278,6 +327,8 @@ def _check_backward(config: FusedAttnConfig, q, k, v, q_format: str, kv_format: 
     """The backward's workspace query with descriptors of the gradients it will allocate:
     raises NotImplementedError now if cuDNN cannot run that backward."""
     _, bhsd_shapes, grad_strides = _grad_layouts(q, k, v, q_format, kv_format)
+    if packed_qkv_offsets(q, k, v) is not None:  # dq, dk, dv strided as q, k, v (_gradient_buffers)
+        grad_strides = strides[:12] + grad_strides[12:]
     device = q.device
     dq, dk, dv, d_o = (_placeholder(shape, q.dtype, device, name)
                        for shape, name in zip(bhsd_shapes, ("dq", "dk", "dv", "d_o")))
@@ -298,8 +349,9 @@ def sdpa_bwd(d_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
              ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """The gradients (dq, dk, dv, dbias) of ``sdpa_fwd`` for the output's gradient ``d_o``
     (o's shape), with the forward's inputs, output, statistics and arguments. dq, dk, dv
-    are contiguous in the formats of q, k, v; dbias (with ``bias_grad``) has the bias's
-    shape, [1, h, sq, skv] only."""
+    are contiguous in the formats of q, k, v, or, where q, k, v are packed views of one
+    buffer (packed_qkv_offsets), views of one buffer laid out the same way; dbias (with
+    ``bias_grad``) has the bias's shape, [1, h, sq, skv] only."""
     q, k, v = _prepare(q, k, v, config, q_format, kv_format, seqlens_q, seqlens_kv, rng_state)
     o = _addressable(o)
     if d_o.shape != o.shape:
@@ -307,7 +359,7 @@ def sdpa_bwd(d_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     d_o = d_o.to(o.dtype).contiguous()  # o's layout: the graph checked in the forward assumed it
     device = q.device
     shapes, _, _ = _grad_layouts(q, k, v, q_format, kv_format)
-    dq, dk, dv = (torch.empty(shape, dtype=q.dtype, device=device) for shape in shapes[:3])
+    dq, dk, dv = _gradient_buffers(q, k, v, shapes)
     dbias = torch.empty(bias.shape, dtype=q.dtype, device=device) if bias is not None and bias_grad else None
     (q_desc, q_st), (k_desc, k_st), (v_desc, v_st), (o_desc, o_st) = (
         _operand(q, q_format, "q"), _operand(k, kv_format, "k"), _operand(v, kv_format, "v"),

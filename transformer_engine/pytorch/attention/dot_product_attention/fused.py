@@ -20,6 +20,7 @@ import torch
 from transformer_engine.pytorch.cpp_extensions.fused_attn import (
     FusedAttnConfig,
     check_sdpa_support,
+    packed_qkv_offsets,
     philox_rng_state,
     sdpa_bwd,
     sdpa_fwd,
@@ -111,9 +112,10 @@ class FusedAttention(torch.nn.Module):
         bias_grad = bias is not None and bias.requires_grad
         # The forward's and (for training) the backward's graphs are checked before anything
         # runs, so that a step never fails half way; a configuration that passed once is
-        # remembered (the check builds descriptors: tens of microseconds of host time).
+        # remembered (the check builds descriptors: tens of microseconds of host time). Packed
+        # q, k, v get gradients strided as they are (sdpa_bwd): another backward graph.
         checked = (config, q_format, kv_format, needs_grad, bias_grad, None if bias is None else tuple(bias.shape),
-                   *(_layout_key(x) for x in (query, key, value)))
+                   *(_layout_key(x) for x in (query, key, value)), packed_qkv_offsets(query, key, value))
         if checked not in _SUPPORTED:
             try:
                 check_sdpa_support(query, key, value, config, q_format=q_format, kv_format=kv_format, bias=bias,
