@@ -85,6 +85,7 @@ def _mha_step(attn, x, seed=0):
 
 
 @requires_cuda
+@pytest.mark.filterwarnings("ignore:Warning. Profiler clears events")  # torch.profiler's note, each profile
 @pytest.mark.parametrize("fmt", ["sbhd", "bshd"])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["bsh3d", "bs3hd"])
 def test_fused_attention_gradients_packed_without_a_copy(fmt, interleaved, monkeypatch):
