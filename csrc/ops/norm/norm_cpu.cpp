@@ -71,7 +71,9 @@ void norm_fwd_typed(const NormFwdParams& p) {
       }
       if (p.output) store_from_float<kOut>(p.output, row + c, y);
       if (p.output_t) store_from_float<kOut>(p.output_t, c * p.rows + r, y);
-      if constexpr (!kFp8) amax = std::fmax(amax, std::fabs(load_as_float<kOut>(p.output, row + c)));  // as stored
+      if constexpr (!kFp8) {
+        if (p.amax) amax = std::fmax(amax, std::fabs(load_as_float<kOut>(p.output, row + c)));  // as stored
+      }
     }
   }
   if (p.amax) *p.amax = std::fmax(*p.amax, amax);
