@@ -28,7 +28,9 @@ void activation_fwd_typed(const ActivationFwdParams& p) {
       }
       if (p.output) store_from_float<kOut>(p.output, r * h + c, y);
       if (p.output_t) store_from_float<kOut>(p.output_t, c * p.rows + r, y);
-      if constexpr (!kFp8) amax = std::fmax(amax, std::fabs(load_as_float<kOut>(p.output, r * h + c)));  // as stored
+      if constexpr (!kFp8) {
+        if (p.amax) amax = std::fmax(amax, std::fabs(load_as_float<kOut>(p.output, r * h + c)));  // as stored
+      }
     }
   }
   if (p.amax) *p.amax = std::fmax(*p.amax, amax);
@@ -37,7 +39,7 @@ void activation_fwd_typed(const ActivationFwdParams& p) {
   }
 }
 
-// max(amax, |dinput[i]|) as stored, NaN skipped.
+// max(amax, |dinput[i]|) as stored, NaN skipped (read back only where an amax is asked for).
 template <te_dtype kT>
 float raise_by_stored(float amax, const void* dinput, int64_t i) {
   return std::fmax(amax, std::fabs(load_as_float<kT>(dinput, i)));
@@ -58,11 +60,11 @@ void activation_bwd_typed(const ActivationBwdParams& p) {
         const float b = load_as_float<kT>(p.input, r * in_cols + h + c);
         store_from_float<kT>(p.dinput, r * in_cols + c, g * b * act_derivative(base, a));
         store_from_float<kT>(p.dinput, r * in_cols + h + c, g * act_forward(base, a));
-        amax = raise_by_stored<kT>(amax, p.dinput, r * in_cols + h + c);
+        if (p.amax) amax = raise_by_stored<kT>(amax, p.dinput, r * in_cols + h + c);
       } else {
         store_from_float<kT>(p.dinput, r * in_cols + c, g * act_derivative(base, a));
       }
-      amax = raise_by_stored<kT>(amax, p.dinput, r * in_cols + c);
+      if (p.amax) amax = raise_by_stored<kT>(amax, p.dinput, r * in_cols + c);
     }
   }
   if (p.amax) *p.amax = std::fmax(*p.amax, amax);
