@@ -330,9 +330,9 @@ void norm_fwd_cuda(const NormFwdParams& p, int device, void* workspace, size_t w
     // A kernel that takes an amax ends each block in its reduction (cuda_utils.h:
     // grid_stride_blocks): four waves at most, and, where that would still give a block
     // a single row group, half as many blocks, each striding over two. H100, FP8 y
-    // (alternating A/B): layernorm 16384 x 768 20.0 -> 18.7 us, rmsnorm 17.7 -> 17.0,
-    // layernorm at 65536 x 256 24.8 -> 23.9; shapes whose four waves already stride
-    // (65536 x 768, 32768 x 1024, 4096 x 12288) are unchanged.
+    // (alternating A/B): layernorm 16384 x 768 20.0 -> 18.7 us, rmsnorm 17.7 -> 17.0;
+    // shapes whose four waves already stride (65536 x 768, 32768 x 1024, 4096 x 12288)
+    // are unchanged. No fixed wave count was best everywhere (benchmarks/RESULTS.md).
     int64_t grid = norm_resident_grid(reinterpret_cast<const void*>(kernel), shape, 0, p.rows, device,
                                       takes_amax ? kReducingKernelWaves : kUncappedWaves);
     if (takes_amax) {
