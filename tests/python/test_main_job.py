@@ -39,3 +39,15 @@ def test_tiny_run_trains_in_bf16_and_fp8(train_gpt, capsys):
     bf16, fp8 = runs["BF16"]["losses"], runs["FP8"]["losses"]
     assert abs(fp8[0] - bf16[0]) < 0.05, "the first step's loss, before any update, differs"
     assert abs(fp8[-1] - bf16[-1]) < 0.3, f"FP8 {fp8} against BF16 {bf16}"
+
+
+def test_results_table(train_gpt):
+    """The table names each run's peak memory in MiB, or says that a CPU run has none (it
+    printed "nan" there), and gives the FP8 / BF16 throughput ratio."""
+    runs = {"BF16": {"losses": [3.0] * 5 + [2.0] * 10, "tokens_per_s": 2000.0, "peak_mib": 1536.4},
+            "FP8": {"losses": [3.0] * 5 + [2.5] * 10, "tokens_per_s": 3000.0, "peak_mib": None}}
+    table = train_gpt.results_table(runs)
+    assert "| BF16 | 2000 | 1536 | 2.0000 |" in table
+    assert "| FP8 | 3000 | not tracked on the CPU | 2.5000 |" in table
+    assert "FP8 / BF16 throughput: 1.50x" in table
+    assert "nan" not in table
