@@ -144,8 +144,9 @@ struct RowInputs {
 //
 // kStaged (bwd_rows_staged: vectorized 16-bit rows, blocks of several): the next
 // row's dz and x are copied into shared memory (cp.async) while the group works on
-// this one (2-11% faster, H200). Loading them into registers ahead instead (tried in
-// the sixth session) took registers the bucket has no room for, and was 9-17% slower.
+// this one (2-11% faster, H200), and its mu and rsigma loaded into two registers (see
+// the row loop). Loading dz and x into registers ahead instead (tried in the sixth
+// session) took registers the bucket has no room for, and was 9-17% slower.
 // The forward does not stage: it is bound by instruction issue, and staged it was
 // 5-20% slower (H100, seventh session).
 //
