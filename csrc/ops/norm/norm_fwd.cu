@@ -11,8 +11,8 @@
 // group (a block that has finished frees its SM for the next; striding blocks over
 // one wave was 2-5% slower), except where the kernel takes an amax (an FP8 y, or a
 // float y's), which costs a reduction and an atomic per block (per row group for rows
-// of several warps): there at most four waves, and at least two row groups a block
-// (see norm_fwd_cuda).
+// of several warps): there at most four waves (two for rows shorter than a warp), and
+// at least two row groups a block (see norm_fwd_cuda).
 //
 // Statistics (LayerNorm): one reduction of a pair, the sums of d = x - pivot and
 // of d^2, where the pivot is the mean of the row's first 8 elements (a shuffle from
@@ -328,13 +328,17 @@ void norm_fwd_cuda(const NormFwdParams& p, int device, void* workspace, size_t w
   auto launch = [&](auto kernel) {
     // at least one block even for zero rows: it still writes an FP8 output's scale_inv
     // A kernel that takes an amax ends each block in its reduction (cuda_utils.h:
-    // grid_stride_blocks): four waves at most, and, where that would still give a block
-    // a single row group, half as many blocks, each striding over two. H100, FP8 y
-    // (alternating A/B): layernorm 16384 x 768 20.0 -> 18.7 us, rmsnorm 17.7 -> 17.0;
-    // shapes whose four waves already stride (65536 x 768, 32768 x 1024, 4096 x 12288)
-    // are unchanged. No fixed wave count was best everywhere (benchmarks/RESULTS.md).
+    // grid_stride_blocks): four waves at most (two where a warp holds several rows),
+    // and, where that would still give a block a single row group, half as many blocks,
+    // each striding over two. H100, FP8 y (alternating A/B): layernorm 16384 x 768 20.0
+    // -> 18.7 us, rmsnorm 17.7 -> 17.0 (two row groups a block); rows of several to a
+    // warp in two waves, 65536 x 256 24.8 -> 23.5 / 21.4 -> 19.9, 262144 x 64 25.4 ->
+    // 24.0 / 22.0 -> 20.6; shapes whose four waves already stride (65536 x 768, 32768 x
+    // 1024, 4096 x 12288) are unchanged. No fixed wave count was best everywhere
+    // (benchmarks/RESULTS.md).
+    const int amax_waves = shape.threads_per_row < 32 ? 2 : kReducingKernelWaves;
     int64_t grid = norm_resident_grid(reinterpret_cast<const void*>(kernel), shape, 0, p.rows, device,
-                                      takes_amax ? kReducingKernelWaves : kUncappedWaves);
+                                      takes_amax ? amax_waves : kUncappedWaves);
     if (takes_amax) {
       const int64_t row_groups = (p.rows + shape.rows_per_block - 1) / shape.rows_per_block;
       grid = std::max<int64_t>(1, std::min(grid, (row_groups + 1) / 2));
