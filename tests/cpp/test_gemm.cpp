@@ -454,6 +454,39 @@ TEST(Gemm, BetaOneHandComputed) {
   EXPECT_EQ(d, (std::vector<float>{11, 22, 30, 43, 54, 62}));
 }
 
+// The CPU reference sums each output element in order of k from 0, one fp32 product
+// and one fp32 add at a time: its result equals that loop's bit for bit, whatever the
+// layouts (the loop order inside the reference may change; this order may not).
+TEST(Gemm, Fp32SumsInOrderOfK) {
+  std::mt19937 rng(4242);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  const int64_t m = 5, n = 37, k = 300;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      std::vector<float> a(size_t(k * n)), b(size_t(m * k)), d(size_t(m * n), -1.0f);
+      for (float& v : a) v = dist(rng);
+      for (float& v : b) v = dist(rng);
+      // op_A(A)[kk, j] and op_B(B)[i, kk] from their storage
+      auto op_a = [&](int64_t kk, int64_t j) { return ta ? a[size_t(j * k + kk)] : a[size_t(kk * n + j)]; };
+      auto op_b = [&](int64_t i, int64_t kk) { return tb ? b[size_t(kk * m + i)] : b[size_t(i * k + kk)]; };
+      te_tensor tA = ta ? make_tensor(TE_DTYPE_FLOAT32, {n, k}, a.data()) : make_tensor(TE_DTYPE_FLOAT32, {k, n}, a.data());
+      te_tensor tB = tb ? make_tensor(TE_DTYPE_FLOAT32, {k, m}, b.data()) : make_tensor(TE_DTYPE_FLOAT32, {m, k}, b.data());
+      te_tensor tD = make_tensor(TE_DTYPE_FLOAT32, {m, n}, d.data());
+      const te_gemm_config cfg{ta ? 1 : 0, tb ? 1 : 0, TE_GEMM_EPILOGUE_NONE, 1.0f, 0.0f, 0};
+      ASSERT_EQ(te_gemm(&tA, &tB, &tD, nullptr, nullptr, nullptr, &cfg, nullptr, 0, nullptr), TE_SUCCESS)
+          << last_error();
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          volatile float acc = 0.0f;  // volatile: one rounding per product and per add, no contraction
+          for (int64_t kk = 0; kk < k; ++kk) {
+            volatile float product = op_b(i, kk) * op_a(kk, j);
+            acc = acc + product;
+          }
+          ASSERT_EQ(d[size_t(i * n + j)], float(acc)) << "ta " << ta << " tb " << tb << " at " << i << ", " << j;
+        }
+    }
+}
+
 // FP8 inputs (every allowed pair) with bf16 and fp32 outputs, every layout and
 // epilogue; shapes are multiples of 16 as the FP8 GEMM requires.
 TEST(Gemm, Fp8InputsHighPrecisionOutput) {
