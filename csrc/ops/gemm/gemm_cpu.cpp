@@ -13,6 +13,7 @@
 // FP8 operands are multiplied as their raw FP8 values and the fp32 sum is scaled
 // afterwards, as cuBLASLt does. The split-accumulator option changes nothing
 // here: this loop always accumulates in fp32.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -61,16 +62,35 @@ std::vector<float> load_matrix(const GemmOperand& op, int64_t rows, int64_t cols
 
 float dequant_factor(const GemmOperand& op) { return is_fp8(op.dtype) ? *op.scale_inv : 1.0f; }
 
-// acc[0, n) = sum over kk of x[kk] * y[kk, 0..n) for a [k, n] row-major y, each element
-// summed in order of kk from 0 (the reference's order). The inner loop runs along n,
-// over independent sums the compiler vectorizes: a dot product a element, one long
-// chain of dependent adds, took 8x longer (an FP8 te.Linear step on 2 CPU cores).
-void row_times_matrix(const float* x, const float* y, int64_t k, int64_t n, float* acc) {
-  for (int64_t j = 0; j < n; ++j) acc[j] = 0.0f;
+// Rows [0, kRowBlock) of the product of x ([kRowBlock, k] row-major, rows k apart) and
+// y ([k, n] row-major) into acc ([kRowBlock, n]), each element summed in order of kk
+// from 0, one fp32 product and add at a time: the reference's order. The inner loop
+// runs along n over independent sums, which the compiler vectorizes, and each row of y
+// is read once for the block's rows. (A dot product a element, one chain of dependent
+// adds, was 8x slower for an FP8 te.Linear step on 2 CPU cores.)
+constexpr int64_t kRowBlock = 4;
+
+void rows_times_matrix(const float* x, int64_t rows, const float* y, int64_t k, int64_t n, float* acc) {
+  for (int64_t j = 0; j < rows * n; ++j) acc[j] = 0.0f;
   for (int64_t kk = 0; kk < k; ++kk) {
-    const float xk = x[kk];
     const float* y_row = y + kk * n;
-    for (int64_t j = 0; j < n; ++j) acc[j] += xk * y_row[j];
+    if (rows == kRowBlock) {
+      const float x0 = x[kk], x1 = x[k + kk], x2 = x[2 * k + kk], x3 = x[3 * k + kk];
+      float *a0 = acc, *a1 = acc + n, *a2 = acc + 2 * n, *a3 = acc + 3 * n;
+      for (int64_t j = 0; j < n; ++j) {
+        const float v = y_row[j];
+        a0[j] += x0 * v;
+        a1[j] += x1 * v;
+        a2[j] += x2 * v;
+        a3[j] += x3 * v;
+      }
+    } else {
+      for (int64_t r = 0; r < rows; ++r) {
+        const float xr = x[r * k + kk];
+        float* ar = acc + r * n;
+        for (int64_t j = 0; j < n; ++j) ar[j] += xr * y_row[j];
+      }
+    }
   }
 }
 
@@ -115,7 +135,7 @@ void gemm_cpu(const GemmParams& p) {
     return;
   }
 
-  // op_A(A) [k, n]: each output row is op_B(B)'s row times it (row_times_matrix).
+  // op_A(A) [k, n]: each block of output rows is op_B(B)'s rows times it (rows_times_matrix).
   std::vector<float> a;
   if (k > 0) a = load_matrix(p.a, k, n, /*storage_transposed=*/p.a.trans);  // A stored [n, k] when trans
   const float product_scale = k > 0 ? p.alpha * (dequant_factor(p.a) * dequant_factor(p.b)) : p.alpha;
@@ -127,10 +147,15 @@ void gemm_cpu(const GemmParams& p) {
   const float d_scale = fp8_out ? *p.d_scale : 1.0f;
   float amax = 0.0f;
 
+  std::vector<float> block(size_t(kRowBlock * n));  // kRowBlock output rows' sums [kRowBlock, n]
   std::vector<float> t(static_cast<size_t>(n)), row(static_cast<size_t>(n));  // one output row [n]
   for (int64_t i = 0; i < m; ++i) {
-    row_times_matrix(k > 0 ? &b[size_t(i * k)] : nullptr, a.data(), k, n, t.data());
-    for (int64_t j = 0; j < n; ++j) t[size_t(j)] *= product_scale;
+    if (i % kRowBlock == 0) {
+      const int64_t rows = std::min(kRowBlock, m - i);
+      rows_times_matrix(k > 0 ? &b[size_t(i * k)] : nullptr, rows, a.data(), k, n, block.data());
+    }
+    const float* sums = &block[size_t((i % kRowBlock) * n)];
+    for (int64_t j = 0; j < n; ++j) t[size_t(j)] = product_scale * sums[j];
     if (p.beta != 0.0f) {
       load_span(p.d, p.d_dtype, i * n, n, row.data());
       for (int64_t j = 0; j < n; ++j) t[size_t(j)] += p.beta * row[size_t(j)];
