@@ -16,6 +16,7 @@
 // largest finite value, with saturation checked exactly).
 #include <algorithm>
 #include <functional>
+#include <tuple>
 
 #include "ops/gemm/gelu.h"
 #include "test_util.h"
@@ -457,10 +458,12 @@ TEST(Gemm, BetaOneHandComputed) {
 // The CPU reference sums each output element in order of k from 0, one fp32 product
 // and one fp32 add at a time: its result equals that loop's bit for bit, whatever the
 // layouts (the loop order inside the reference may change; this order may not).
+// The second shape is large enough to be split over threads by columns (where the
+// machine has more than one core): the split must not change a bit either.
 TEST(Gemm, Fp32SumsInOrderOfK) {
   std::mt19937 rng(4242);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  const int64_t m = 5, n = 37, k = 300;
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{5, 37, 300}, {67, 259, 243}})
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
       std::vector<float> a(size_t(k * n)), b(size_t(m * k)), d(size_t(m * n), -1.0f);
@@ -617,6 +620,25 @@ TEST(Gemm, EmptyOutputBgradStillSumsB) {
       c.m = 16, c.k = 32, c.seed = seed++;
       run_case(c);
     }
+}
+
+// Every epilogue at a size the CPU reference splits over threads by columns (more
+// than 2^22 multiply-adds, n >= 128): the column slices' bias gradients and FP8 amax
+// come out as the reference's.
+TEST(Gemm, LargeEnoughForThreadsAllEpilogues) {
+  uint32_t seed = 1200;
+  for (te_gemm_epilogue epi : kEpilogues) {
+    GemmCase c;
+    c.a_dtype = c.b_dtype = TE_DTYPE_BFLOAT16, c.d_dtype = TE_DTYPE_BFLOAT16;
+    c.aux_dtype = c.bias_dtype = c.bias_grad_dtype = TE_DTYPE_BFLOAT16;
+    c.m = 64, c.n = 272, c.k = 256, c.epi = epi, c.seed = seed++;
+    run_case(c);
+  }
+  GemmCase c;
+  c.a_dtype = c.b_dtype = TE_DTYPE_FLOAT8_E4M3, c.d_dtype = TE_DTYPE_FLOAT8_E4M3;
+  c.bias_dtype = TE_DTYPE_BFLOAT16, c.epi = TE_GEMM_EPILOGUE_BIAS, c.transa = true;
+  c.m = 64, c.n = 272, c.k = 256, c.seed = seed++;
+  run_case(c);
 }
 
 // A larger bf16 GEMM (long k): the fp32 accumulation stays within the bound.
