@@ -27,6 +27,7 @@ void bind_softmax(nb::module_& m);
 void bind_bias_grad(nb::module_& m);
 void bind_rope(nb::module_& m);
 void bind_fused_attn(nb::module_& m);
+void bind_linear(nb::module_& m);
 
 namespace {
 
@@ -327,4 +328,5 @@ NB_MODULE(_core, m) {
   bind_bias_grad(m);
   bind_rope(m);
   bind_fused_attn(m);
+  bind_linear(m);
 }

@@ -6,6 +6,7 @@
 #include "opente/bias_grad.h"
 #include "opente/fused_attn.h"
 #include "opente/gemm.h"
+#include "opente/linear.h"
 #include "opente/norm.h"
 #include "opente/quantize.h"
 #include "opente/recipe.h"

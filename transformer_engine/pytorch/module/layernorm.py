@@ -9,6 +9,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from transformer_engine.pytorch.module._function_apply import direct_apply
 from transformer_engine.pytorch.module._norm import make_norm_parameters, norm_backward, norm_forward
 from transformer_engine.pytorch.cpp_extensions.module_ops import core_device
 from transformer_engine.pytorch.module.base import activation_dtype_of, check_module_input, default_device
@@ -47,6 +48,9 @@ class _NormFunction(torch.autograd.Function):
         dx = to_shape(dx, ctx.inp_shape)
         dx = dx.to(ctx.inp_dtype) if dx.dtype != ctx.inp_dtype else dx
         return dx, dweight, dbias, None, None, None, None
+
+
+_apply_norm = direct_apply(_NormFunction)  # .apply without its Python layer
 
 
 class _Norm(torch.nn.Module):
@@ -97,8 +101,8 @@ class _Norm(torch.nn.Module):
             if tuple(inp.shape[-len(shape):]) != shape:
                 raise ValueError(f"{type(self).__name__}: inp's trailing dimensions must be normalized_shape="
                                  f"{shape}, got shape {tuple(inp.shape)}")
-        return _NormFunction.apply(inp, self.weight, self.bias, self.normalization, self.eps,
-                                   self.zero_centered_gamma, activation_dtype_of(inp))
+        return _apply_norm(inp, self.weight, self.bias, self.normalization, self.eps,
+                           self.zero_centered_gamma, activation_dtype_of(inp))
 
     def extra_repr(self) -> str:
         size = self.hidden_size if len(self.normalized_shape) == 1 else self.normalized_shape

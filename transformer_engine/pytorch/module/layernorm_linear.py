@@ -10,6 +10,7 @@ import torch
 
 from transformer_engine.pytorch.cpp_extensions import module_ops
 from transformer_engine.pytorch.cpp_extensions.module_ops import CoreDevice, Fp8Output, core_device
+from transformer_engine.pytorch.module._function_apply import direct_apply
 from transformer_engine.pytorch.module._norm import (
     check_normalization,
     make_norm_parameters,
@@ -133,6 +134,9 @@ class _LayerNormLinearFunction(torch.autograd.Function):
         return dw, d_ln_weight, d_ln_bias, dx, dbias, None, None, None, None, None
 
 
+_apply_layernorm_linear = direct_apply(_LayerNormLinearFunction)  # .apply without its Python layer
+
+
 class LayerNormLinear(Linear):
     """``y = norm(x) W^T + b``: LayerNorm or RMSNorm (``normalization``) then a Linear, with
     parameters ``layer_norm_weight`` (``layer_norm_bias``), ``weight``, ``bias``. Options as
@@ -192,9 +196,9 @@ class LayerNormLinear(Linear):
         step = self.prepare_forward(inp.device)
         dtype = activation_dtype_of(inp)
         fused_bias = bias if not self.return_bias else None
-        result = _LayerNormLinearFunction.apply(weight, self.layer_norm_weight, self.layer_norm_bias, inp, fused_bias,
-                                                self, step, dtype, is_first_microbatch,
-                                                fp8_io(step, fp8_output, fp8_grad) if fp8_output or fp8_grad else None)
+        result = _apply_layernorm_linear(weight, self.layer_norm_weight, self.layer_norm_bias, inp, fused_bias,
+                                         self, step, dtype, is_first_microbatch,
+                                         fp8_io(step, fp8_output, fp8_grad) if fp8_output or fp8_grad else None)
         out, ln_out = result if self.return_layernorm_output else (result, None)
         outputs = [out]
         if self.return_bias:

@@ -21,6 +21,7 @@ import torch
 from transformer_engine import _core
 from transformer_engine.pytorch.cpp_extensions import module_ops
 from transformer_engine.pytorch.cpp_extensions.module_ops import CoreDevice, Fp8Output, core_device
+from transformer_engine.pytorch.module._function_apply import direct_apply
 from transformer_engine.pytorch.module._norm import (
     check_normalization,
     make_norm_parameters,
@@ -252,6 +253,9 @@ class _LayerNormMLPFunction(torch.autograd.Function):
         return d_ln_w, d_ln_b, d_w1, d_b1, d_w2, d_b2, dx, None, None, None, None
 
 
+_apply_layernorm_mlp = direct_apply(_LayerNormMLPFunction)  # .apply without its Python layer
+
+
 class LayerNormMLP(TransformerEngineBaseModule):
     """``fc2(act(fc1(norm(x))))``. Parameters ``layer_norm_weight`` (``layer_norm_bias``),
     ``fc1_weight`` [ffn_hidden_size (x2 for gated activations), hidden_size], ``fc1_bias``,
@@ -352,9 +356,9 @@ class LayerNormMLP(TransformerEngineBaseModule):
         step = self.prepare_forward(inp.device)
         dtype = activation_dtype_of(inp)
         fc2_bias = self.fc2_bias if not self.return_bias else None
-        result = _LayerNormMLPFunction.apply(self.layer_norm_weight, self.layer_norm_bias, self.fc1_weight,
-                                             self.fc1_bias, self.fc2_weight, fc2_bias, inp, self, step, dtype,
-                                             is_first_microbatch)
+        result = _apply_layernorm_mlp(self.layer_norm_weight, self.layer_norm_bias, self.fc1_weight,
+                                      self.fc1_bias, self.fc2_weight, fc2_bias, inp, self, step, dtype,
+                                      is_first_microbatch)
         out, ln_out = result if self.return_layernorm_output else (result, None)
         outputs = [out]
         if self.return_bias:

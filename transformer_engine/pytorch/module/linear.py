@@ -16,9 +16,11 @@ from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 import torch
 
 from transformer_engine.pytorch.cpp_extensions import general_gemm, module_ops
+from transformer_engine.pytorch.cpp_extensions.linear_step import linear_fp8_backward, linear_fp8_forward
 from transformer_engine.pytorch.cpp_extensions.module_ops import CUDA, CoreDevice, core_device, core_device_at
 from transformer_engine.pytorch.fp8 import FP8GlobalStateManager, get_fp8_te_dtype
 from transformer_engine.pytorch.tensor import Float8TensorBase
+from transformer_engine.pytorch.module._function_apply import direct_apply
 from transformer_engine.pytorch.module._fp8_io import (
     GRAD_INPUT_INDEX,
     OUTPUT_INDEX,
@@ -379,6 +381,47 @@ def to_shape(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return t if len(shape) == 2 else t.view(shape)
 
 
+def _one_call_forward(module: "Linear", step: FP8Step, inp: torch.Tensor, weight, bias, dtype: torch.dtype,
+                      is_first_microbatch: Optional[bool], fp8_io, need_wgrad: bool, need_dgrad: bool,
+                      dev: CoreDevice):
+    """The forward as linear_gemm_forward makes it, in one core call
+    (cpp_extensions.linear_step), where that call covers the step: delayed scaling, a
+    plain high-precision input and weight, the weight cast this step
+    (is_first_microbatch None), no FP8 output. Returns (out 2-D, saved_x, saved_w), or
+    None where it does not apply."""
+    if not (step.delayed and step.fp8 and fp8_io is None and is_first_microbatch is None
+            and type(inp) is torch.Tensor and not isinstance(weight, Float8TensorBase)):
+        return None
+    x = to_2d(inp, weight.shape[1], dtype)
+    check_fp8_dims(x, "the input")
+    check_fp8_dims(weight, "the weight weight")
+    if module._fp8_weight_cache:  # a copy cached by an earlier microbatch is stale now
+        module._fp8_weight_cache.pop("weight", None)
+    state = step.fwd_state
+    return linear_fp8_forward(x, weight, bias, fp8_gemm_bias_dtype(dtype, dev), state.fp8_dtype,
+                              state.scale_address(0), state.amax_address(0), need_wgrad, need_dgrad, dtype, dev,
+                              _split(step, "fp8_gemm_fprop", default=False))
+
+
+def _one_call_backward(step: FP8Step, grad_out: torch.Tensor, saved_x, saved_w, weight, dtype: torch.dtype,
+                       want_dbias: bool, inp_dtype: torch.dtype, bias_dtype: Optional[torch.dtype],
+                       dev: CoreDevice):
+    """(dx 2-D, dw, dbias) as linear_gemm_backward gives them, from one core call
+    (cpp_extensions.linear_step), for the backward of _one_call_forward's cases (or
+    any FP8 forward's: it reads the saved FP8 copies as they are). The caller checks
+    that no other option applies (weight-gradient accumulation or deferral, an FP8
+    input gradient)."""
+    dy = to_2d(grad_out, weight.shape[0], dtype)
+    state = step.bwd_state
+    dx, dw, dbias = linear_fp8_backward(dy, saved_x, saved_w, weight.shape[1], state.fp8_dtype,
+                                        state.scale_address(0), state.amax_address(0), want_dbias, bias_dtype,
+                                        gemm_out_dtype(inp_dtype, dtype, dev), gemm_out_dtype(weight.dtype, dtype, dev),
+                                        dev, _split(step, "fp8_gemm_dgrad"), _split(step, "fp8_gemm_wgrad"))
+    if dw is not None and dw.dtype != weight.dtype:
+        dw = dw.to(weight.dtype)
+    return dx, dw, dbias
+
+
 class _LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, weight, inp, bias, module: "Linear", step: FP8Step, dtype: torch.dtype,
@@ -386,10 +429,14 @@ class _LinearFunction(torch.autograd.Function):
         # fp8_io: (fp8_output, fp8_grad) of an FP8 step, None otherwise.
         fp8_output, fp8_grad = fp8_io or (False, False)
         dev = core_device(inp)
-        x = to_2d(inp, weight.shape[1], dtype, keep_fp8=step.fp8)
         need_wgrad, need_dgrad = weight.requires_grad, inp.requires_grad
-        out, saved_x, saved_w = linear_gemm_forward(module, step, x, weight, bias, dtype, is_first_microbatch,
-                                                    need_wgrad, need_dgrad, dev, fp8_output=fp8_output)
+        result = _one_call_forward(module, step, inp, weight, bias, dtype, is_first_microbatch, fp8_io, need_wgrad,
+                                   need_dgrad, dev)
+        if result is None:
+            x = to_2d(inp, weight.shape[1], dtype, keep_fp8=step.fp8)
+            result = linear_gemm_forward(module, step, x, weight, bias, dtype, is_first_microbatch, need_wgrad,
+                                         need_dgrad, dev, fp8_output=fp8_output)
+        out, saved_x, saved_w = result
         # One ctx attribute: each costs a dict store here and a load in the backward.
         ctx.state = (saved_x, saved_w, weight, step, dtype, inp.shape, inp.dtype,
                      bias.dtype if bias is not None else None, module.fuse_wgrad_accumulation, need_wgrad, need_dgrad,
@@ -409,15 +456,21 @@ class _LinearFunction(torch.autograd.Function):
          need_wgrad, need_dgrad, delaying_module, fp8_grad), ctx.state = ctx.state, None  # saved tensors go with it
         start_backward(step)
         dev = core_device(grad_out)  # the stream of the backward, which may differ from the forward's
-        dy = to_2d(grad_out, weight.shape[0], dtype, keep_fp8=step.fp8)
         want_dbias = bias_dtype is not None and ctx.needs_input_grad[2]
-        defer_to = delaying_module.wgrad_target(want_dbias) if delaying_module is not None else None
-        dx, dw, dbias = linear_gemm_backward(step, dy, saved_x, saved_w, weight, dtype, need_wgrad, need_dgrad,
-                                             fuse_wgrad_accumulation, dev, want_dbias=want_dbias, defer_to=defer_to,
-                                             dgrad_fp8=fp8_grad, weight_parts=getattr(ctx, "weight_parts", None),
-                                             dx_dtype=inp_dtype, dbias_dtype=bias_dtype)
-        if defer_to is not None:
-            delaying_module.wgrad_store.put(defer_to.entry)
+        if (step.delayed and step.fp8 and type(grad_out) is torch.Tensor and (need_dgrad or need_wgrad)
+                and delaying_module is None and not fp8_grad and not (fuse_wgrad_accumulation and need_wgrad)):
+            dx, dw, dbias = _one_call_backward(step, grad_out, saved_x, saved_w, weight, dtype, want_dbias,
+                                               inp_dtype, bias_dtype, dev)
+        else:
+            dy = to_2d(grad_out, weight.shape[0], dtype, keep_fp8=step.fp8)
+            defer_to = delaying_module.wgrad_target(want_dbias) if delaying_module is not None else None
+            dx, dw, dbias = linear_gemm_backward(step, dy, saved_x, saved_w, weight, dtype, need_wgrad, need_dgrad,
+                                                 fuse_wgrad_accumulation, dev, want_dbias=want_dbias,
+                                                 defer_to=defer_to, dgrad_fp8=fp8_grad,
+                                                 weight_parts=getattr(ctx, "weight_parts", None),
+                                                 dx_dtype=inp_dtype, dbias_dtype=bias_dtype)
+            if defer_to is not None:
+                delaying_module.wgrad_store.put(defer_to.entry)
         if dbias is not None and dbias.dtype != bias_dtype:
             dbias = dbias.to(bias_dtype)
         finish_backward(step)
@@ -428,6 +481,9 @@ class _LinearFunction(torch.autograd.Function):
             dx = to_shape(dx, inp_shape)
             dx = dx.to(inp_dtype) if dx.dtype != inp_dtype else dx
         return dw, dx, dbias, None, None, None, None, None
+
+
+_apply_linear = direct_apply(_LinearFunction)  # .apply without its Python layer
 
 
 def _split(step: FP8Step, gemm: str, default: bool = True) -> bool:
@@ -561,8 +617,8 @@ class Linear(TransformerEngineBaseModule):
         step = self.prepare_forward(inp.device)
         dtype = activation_dtype_of(inp)
         fused_bias = bias if not self.return_bias else None
-        out = _LinearFunction.apply(weight, inp, fused_bias, self, step, dtype, is_first_microbatch,
-                                    fp8_io(step, fp8_output, fp8_grad) if fp8_output or fp8_grad else None)
+        out = _apply_linear(weight, inp, fused_bias, self, step, dtype, is_first_microbatch,
+                            fp8_io(step, fp8_output, fp8_grad) if fp8_output or fp8_grad else None)
         if self.return_bias:
             return out, (bias.to(dtype) if bias is not None else None)
         return out
