@@ -9,12 +9,13 @@ import torch
 from conftest import requires_cuda
 
 import transformer_engine.pytorch as te
-from transformer_engine.common.recipe import DelayedScaling
+from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling
 from transformer_engine.pytorch.cpp_extensions import linear_step
 from transformer_engine.pytorch.fp8 import FP8GlobalStateManager
 from transformer_engine.pytorch.module import linear as linear_module
 
 DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
+RECIPES = {"delayed": lambda: DelayedScaling(amax_history_len=3), "current": Float8CurrentScaling}
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +41,7 @@ def one_call_counts(monkeypatch):
     return counts
 
 
-def train(module, inputs, grads, autocast, is_first_microbatch):
+def train(module, inputs, grads, autocast, is_first_microbatch, recipe):
     """(outputs, input grads, weight grads, bias grads, final state) of one step per
     input; a module with delay_wgrad_compute gets its weight gradient at once."""
     results = {"out": [], "dx": [], "dw": [], "db": []}
@@ -49,7 +50,7 @@ def train(module, inputs, grads, autocast, is_first_microbatch):
         x = x.detach().requires_grad_(x.requires_grad)
         module.zero_grad(set_to_none=True)
         with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
-            with te.fp8_autocast(fp8_recipe=DelayedScaling(amax_history_len=3)):
+            with te.fp8_autocast(fp8_recipe=recipe):
                 y = module(x, is_first_microbatch=is_first_microbatch)
         y.backward(grad.to(y.dtype))
         module.backward_dw()
@@ -68,22 +69,25 @@ def assert_same_bits(a, b):
                 assert got is None, key
             else:
                 assert got.dtype == want.dtype and torch.equal(got, want), key
-    for direction in ("fwd", "bwd"):
+    assert a[1].keys() == b[1].keys()
+    for direction in b[1]:
         for name, tensor in b[1][direction].items():
             assert torch.equal(a[1][direction][name], tensor), (direction, name)
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", RECIPES)
 @pytest.mark.parametrize("case", ["fp32", "bf16", "fp32_under_bf16_autocast", "no_bias", "3d_input",
                                   "input_without_grad", "frozen_weight"])
-def test_one_call_step_equals_separate_calls(device, case, one_call_counts):
+def test_one_call_step_equals_separate_calls(device, recipe, case, one_call_counts):
     torch.manual_seed(1)
     dtype = torch.bfloat16 if case == "bf16" else torch.float32
     autocast = case == "fp32_under_bf16_autocast"
     shape = (2, 16, 48) if case == "3d_input" else (32, 48)
     modules = [te.Linear(48, 64, bias=case != "no_bias", params_dtype=dtype, device=device,
-                         delay_wgrad_compute=deferred) for deferred in (False, True)]
-    modules[1].load_state_dict(modules[0].state_dict())
+                         delay_wgrad_compute=deferred) for deferred in (False, True, True)]
+    for m in modules[1:]:
+        m.load_state_dict(modules[0].state_dict())
     if case == "frozen_weight":
         for m in modules:
             m.weight.requires_grad_(False)
@@ -92,15 +96,19 @@ def test_one_call_step_equals_separate_calls(device, case, one_call_counts):
         x.requires_grad_(case != "input_without_grad")
     grads = [torch.randn(*shape[:-1], 64, device=device) for _ in range(4)]
 
-    one_call = train(modules[0], inputs, grads, autocast, None)
+    one_call = train(modules[0], inputs, grads, autocast, None, RECIPES[recipe]())
     assert one_call_counts == {"forward": 4, "backward": 4}
-    separate = train(modules[1], inputs, grads, autocast, True)
+    separate = train(modules[1], inputs, grads, autocast, True, RECIPES[recipe]())
     assert one_call_counts == {"forward": 4, "backward": 4}
     assert_same_bits(one_call, separate)
+    # The one-call forward's saved copies read by the backward of separate calls (as views).
+    mixed = train(modules[2], inputs, grads, autocast, None, RECIPES[recipe]())
+    assert one_call_counts == {"forward": 8, "backward": 4}
+    assert_same_bits(mixed, separate)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_one_call_backward_is_not_taken_where_it_does_not_apply(device, one_call_counts):
+def test_one_call_is_not_taken_where_it_does_not_apply(device, one_call_counts):
     """Weight-gradient accumulation into main_grad, a deferred wgrad and an FP8 input
     gradient keep the backward of separate calls (the first two the one-call forward;
     fp8_grad, like fp8_output, the forward's separate calls too)."""
@@ -116,6 +124,14 @@ def test_one_call_backward_is_not_taken_where_it_does_not_apply(device, one_call
         y.sum().backward()
     deferring.backward_dw()
     assert one_call_counts == {"forward": 2, "backward": 0}
+    # Current scaling with another epsilon for the weight than for the input: two
+    # casts, the forward of separate calls (the backward's one cast takes the one call).
+    recipe = Float8CurrentScaling()
+    recipe.fp8_quant_fwd_weight = type(recipe.fp8_quant_fwd_weight)(power_2_scale=False, amax_epsilon=1e-3)
+    with te.fp8_autocast(fp8_recipe=recipe):
+        y = fp8_grad(x)
+    y.sum().backward()
+    assert one_call_counts == {"forward": 2, "backward": 1}
     assert accumulating.weight.main_grad.abs().sum() > 0 and deferring.weight.grad is not None
 
 

@@ -107,6 +107,7 @@ class DelayedScalingState:
     def __init__(self, num_tensors: int, recipe: DelayedScaling, forward: bool, device):
         self.forward = forward
         self.recipe = recipe
+        self.fp8_format = recipe.fp8_format  # what fp8_dtype was derived from
         self.fp8_dtype = get_fp8_te_dtype(recipe, forward)
         self.amax_history = torch.zeros(recipe.amax_history_len, num_tensors, dtype=torch.float32, device=device)
         self.scale = torch.ones(num_tensors, dtype=torch.float32, device=device)
@@ -136,7 +137,8 @@ class DelayedScalingState:
         its own: what a recomputation casts with to repeat this step's casts without
         recording their amaxes again (te.checkpoint, LayerNormMLP(checkpoint=True))."""
         copy = DelayedScalingState.__new__(DelayedScalingState)
-        copy.forward, copy.recipe, copy.fp8_dtype = self.forward, self.recipe, self.fp8_dtype
+        copy.forward, copy.recipe = self.forward, self.recipe
+        copy.fp8_format, copy.fp8_dtype = self.fp8_format, self.fp8_dtype
         copy.scale = self.scale.clone()
         copy.scale_inv = self.scale_inv.clone()
         copy.amax_history = torch.zeros(1, self.num_tensors, dtype=torch.float32, device=self.scale.device)
@@ -144,8 +146,10 @@ class DelayedScalingState:
 
     def matches(self, recipe: DelayedScaling) -> bool:
         """Whether this state can serve ``recipe`` as is (same history length and format)."""
-        return (self.amax_history.shape[0] == recipe.amax_history_len
-                and self.fp8_dtype == get_fp8_te_dtype(recipe, self.forward))
+        if self.amax_history.shape[0] != recipe.amax_history_len:
+            return False
+        # The format this state was made or adapted for: no format lookup.
+        return recipe.fp8_format is self.fp8_format or self.fp8_dtype == get_fp8_te_dtype(recipe, self.forward)
 
     def adapt_to(self, recipe: DelayedScaling) -> None:
         """Follows a recipe change between steps: the history is cut or zero-padded at its
@@ -158,6 +162,7 @@ class DelayedScalingState:
             history[:keep] = old[:keep]
             self.amax_history = history
         self.recipe = recipe
+        self.fp8_format = recipe.fp8_format
         self.fp8_dtype = get_fp8_te_dtype(recipe, self.forward)
 
     def snapshot(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

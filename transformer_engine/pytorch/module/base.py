@@ -41,7 +41,8 @@ def default_device() -> torch.device:
 
 def activation_dtype_of(inp: torch.Tensor) -> torch.dtype:
     """The dtype a module computes in: an enclosing torch.autocast's, else the input's."""
-    device_type = "cuda" if inp.is_cuda else inp.device.type  # is_cuda: no torch.device object built
+    # is_cuda / is_cpu: no torch.device object built
+    device_type = "cuda" if inp.is_cuda else "cpu" if inp.is_cpu else inp.device.type
     if torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     return inp.dtype

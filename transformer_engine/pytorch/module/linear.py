@@ -16,7 +16,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 import torch
 
 from transformer_engine.pytorch.cpp_extensions import general_gemm, module_ops
-from transformer_engine.pytorch.cpp_extensions.linear_step import linear_fp8_backward, linear_fp8_forward
+from transformer_engine.pytorch.cpp_extensions.linear_step import SavedFp8, linear_fp8_backward, linear_fp8_forward
 from transformer_engine.pytorch.cpp_extensions.module_ops import CUDA, CoreDevice, core_device, core_device_at
 from transformer_engine.pytorch.fp8 import FP8GlobalStateManager, get_fp8_te_dtype
 from transformer_engine.pytorch.tensor import Float8TensorBase
@@ -39,6 +39,7 @@ from transformer_engine.pytorch.module.base import (
     cast_to_fp8,
     check_fp8_dims,
     check_module_input,
+    current_scaling_params,
     default_device,
     get_workspace,
     record_amax,
@@ -384,39 +385,51 @@ def to_shape(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
 def _one_call_forward(module: "Linear", step: FP8Step, inp: torch.Tensor, weight, bias, dtype: torch.dtype,
                       is_first_microbatch: Optional[bool], fp8_io, need_wgrad: bool, need_dgrad: bool,
                       dev: CoreDevice):
-    """The forward as linear_gemm_forward makes it, in one core call
-    (cpp_extensions.linear_step), where that call covers the step: delayed scaling, a
-    plain high-precision input and weight, the weight cast this step
-    (is_first_microbatch None), no FP8 output. Returns (out 2-D, saved_x, saved_w), or
-    None where it does not apply."""
-    if not (step.delayed and step.fp8 and fp8_io is None and is_first_microbatch is None
-            and type(inp) is torch.Tensor and not isinstance(weight, Float8TensorBase)):
+    """The FP8 forward as linear_gemm_forward makes it, in one core call
+    (cpp_extensions.linear_step), where that call covers the step: a plain
+    high-precision input and weight, the weight cast this step (is_first_microbatch
+    None), no FP8 output, and under current scaling the same epsilon and power-of-2 rule
+    for input and weight. Returns (out 2-D, saved_x, saved_w), or None where it does
+    not apply. The saved copies are one SavedFp8 (in both places where both are saved).
+    """
+    if not (step.fp8 and fp8_io is None and is_first_microbatch is None and type(inp) is torch.Tensor
+            and not isinstance(weight, Float8TensorBase)):
         return None
+    if step.delayed:
+        state = step.fwd_state
+        fp8_dtype, scaling = state.fp8_dtype, {"scale": state.scale_address(0), "amax": state.amax_address(0)}
+    else:
+        fp8_dtype, epsilon, pow_2 = current_scaling_params(step, True)
+        if current_scaling_params(step, True, is_weight=True)[1:] != (epsilon, pow_2):
+            return None
+        scaling = {"current": (epsilon, pow_2)}
     x = to_2d(inp, weight.shape[1], dtype)
     check_fp8_dims(x, "the input")
     check_fp8_dims(weight, "the weight weight")
     if module._fp8_weight_cache:  # a copy cached by an earlier microbatch is stale now
         module._fp8_weight_cache.pop("weight", None)
-    state = step.fwd_state
-    return linear_fp8_forward(x, weight, bias, fp8_gemm_bias_dtype(dtype, dev), state.fp8_dtype,
-                              state.scale_address(0), state.amax_address(0), need_wgrad, need_dgrad, dtype, dev,
-                              _split(step, "fp8_gemm_fprop", default=False))
+    out, saved = linear_fp8_forward(x, weight, bias, fp8_gemm_bias_dtype(dtype, dev), fp8_dtype, need_wgrad,
+                                    need_dgrad, dtype, dev, _split(step, "fp8_gemm_fprop", default=False), **scaling)
+    return out, (saved if need_wgrad else None), (saved if need_dgrad else None)
 
 
 def _one_call_backward(step: FP8Step, grad_out: torch.Tensor, saved_x, saved_w, weight, dtype: torch.dtype,
                        want_dbias: bool, inp_dtype: torch.dtype, bias_dtype: Optional[torch.dtype],
                        dev: CoreDevice):
     """(dx 2-D, dw, dbias) as linear_gemm_backward gives them, from one core call
-    (cpp_extensions.linear_step), for the backward of _one_call_forward's cases (or
-    any FP8 forward's: it reads the saved FP8 copies as they are). The caller checks
-    that no other option applies (weight-gradient accumulation or deferral, an FP8
-    input gradient)."""
+    (cpp_extensions.linear_step), for any FP8 forward's backward (it reads the saved FP8
+    copies as they are). The caller checks that no other option applies
+    (weight-gradient accumulation or deferral, an FP8 input gradient)."""
     dy = to_2d(grad_out, weight.shape[0], dtype)
-    state = step.bwd_state
-    dx, dw, dbias = linear_fp8_backward(dy, saved_x, saved_w, weight.shape[1], state.fp8_dtype,
-                                        state.scale_address(0), state.amax_address(0), want_dbias, bias_dtype,
+    if step.delayed:
+        state = step.bwd_state
+        fp8_dtype, scaling = state.fp8_dtype, {"scale": state.scale_address(0), "amax": state.amax_address(0)}
+    else:
+        fp8_dtype, epsilon, pow_2 = current_scaling_params(step, False)
+        scaling = {"current": (epsilon, pow_2)}
+    dx, dw, dbias = linear_fp8_backward(dy, saved_x, saved_w, weight.shape[1], fp8_dtype, want_dbias, bias_dtype,
                                         gemm_out_dtype(inp_dtype, dtype, dev), gemm_out_dtype(weight.dtype, dtype, dev),
-                                        dev, _split(step, "fp8_gemm_dgrad"), _split(step, "fp8_gemm_wgrad"))
+                                        dev, _split(step, "fp8_gemm_dgrad"), _split(step, "fp8_gemm_wgrad"), **scaling)
     if dw is not None and dw.dtype != weight.dtype:
         dw = dw.to(weight.dtype)
     return dx, dw, dbias
@@ -457,11 +470,14 @@ class _LinearFunction(torch.autograd.Function):
         start_backward(step)
         dev = core_device(grad_out)  # the stream of the backward, which may differ from the forward's
         want_dbias = bias_dtype is not None and ctx.needs_input_grad[2]
-        if (step.delayed and step.fp8 and type(grad_out) is torch.Tensor and (need_dgrad or need_wgrad)
+        if (step.fp8 and type(grad_out) is torch.Tensor and (need_dgrad or need_wgrad)
                 and delaying_module is None and not fp8_grad and not (fuse_wgrad_accumulation and need_wgrad)):
             dx, dw, dbias = _one_call_backward(step, grad_out, saved_x, saved_w, weight, dtype, want_dbias,
                                                inp_dtype, bias_dtype, dev)
         else:
+            pack = saved_x if type(saved_x) is SavedFp8 else saved_w
+            if type(pack) is SavedFp8:  # the one-call forward's copies, as FP8 storage
+                saved_x, saved_w = pack.storage()
             dy = to_2d(grad_out, weight.shape[0], dtype, keep_fp8=step.fp8)
             defer_to = delaying_module.wgrad_target(want_dbias) if delaying_module is not None else None
             dx, dw, dbias = linear_gemm_backward(step, dy, saved_x, saved_w, weight, dtype, need_wgrad, need_dgrad,
