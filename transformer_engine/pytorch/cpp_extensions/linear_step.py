@@ -52,8 +52,10 @@ def _core_scaling(current: CurrentScaling) -> Tuple[bool, float, bool]:
     return True, float(current[0]), bool(current[1])
 
 
-# Each FP8 buffer of one allocation starts at a multiple of this many bytes, as a
-# fresh allocation would (the small-cast kernel and cuBLASLt read aligned vectors).
+# Each buffer carved out of one allocation starts at a multiple of this many bytes, as a
+# fresh allocation would: the small-cast kernel reads aligned vectors, and cuBLASLt
+# refuses an FP8 GEMM at run time ("not supported") when an operand's scale_inv is at
+# a 4-byte offset from another.
 _ALIGN = 256
 
 
@@ -63,7 +65,8 @@ def _aligned(nbytes: int) -> int:
 
 class SavedFp8:
     """The FP8 copies a one-call forward keeps for the backward, in one allocation (one
-    torch.empty instead of five): the two scale_invs, x's column-wise copy (the wgrad
+    torch.empty instead of five): the two scale_invs (x's at byte 0, W's at _ALIGN),
+    x's column-wise copy (the wgrad
     GEMM's operand; with need_wgrad) and W in both layouts (the dgrad GEMM's; with
     need_dgrad). The backward's one call reads them by address (``operand``); the
     backward of separate calls gets Float8TensorBase views (``storage``). The row-wise
@@ -76,7 +79,7 @@ class SavedFp8:
                  x_t_offset: int, w_offset: int):
         self.buffer, self.fp8_dtype = buffer, fp8_dtype
         self.rows, self.cols, self.out_features = rows, cols, out_features
-        self.x_t_offset, self.w_offset = x_t_offset, w_offset  # 0: not kept (scale_invs are at 0 and 4)
+        self.x_t_offset, self.w_offset = x_t_offset, w_offset  # 0: not kept
 
     def operand(self, weight: bool, dev: CoreDevice) -> _core.Tensor:
         """The GEMM descriptor of W (``weight``, both layouts) or of x (column-wise)."""
@@ -85,7 +88,7 @@ class SavedFp8:
         if weight:
             w = base + self.w_offset
             return _core.Tensor(dev.type, dev.index, code, (self.out_features, self.cols), w,
-                                w + _aligned(self.out_features * self.cols), 0, base + 4, 0, _PER_TENSOR)
+                                w + _aligned(self.out_features * self.cols), 0, base + _ALIGN, 0, _PER_TENSOR)
         return _core.Tensor(dev.type, dev.index, code, (self.rows, self.cols), 0, base + self.x_t_offset, 0, base, 0,
                             _PER_TENSOR)
 
@@ -100,7 +103,7 @@ class SavedFp8:
             w_t_offset = self.w_offset + _aligned(out * cols)
             w_data = buf[self.w_offset:self.w_offset + out * cols].view(out, cols)
             w_t = buf[w_t_offset:w_t_offset + out * cols].view(cols, out)
-            w = _f8.Float8TensorBase.wrap(w_data, w_t, buf[4:8].view(_F32), self.fp8_dtype)
+            w = _f8.Float8TensorBase.wrap(w_data, w_t, buf[_ALIGN:_ALIGN + 4].view(_F32), self.fp8_dtype)
         return x, w
 
 
@@ -125,10 +128,11 @@ def linear_fp8_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
     else:
         x_scale, x_amax, w_scale, w_amax = scale, amax, scale + 4, amax + 4
     x_bytes, w_bytes = _aligned(rows * cols), _aligned(out_features * cols)
-    # Kept: [scale_invs | x^T | W | W^T]; the forward's alone: [x | W when no dgrad needs it].
-    x_t_offset = _ALIGN if need_wgrad else 0
-    w_offset = _ALIGN + (x_bytes if need_wgrad else 0) if need_dgrad else 0
-    kept = torch.empty(_ALIGN + (x_bytes if need_wgrad else 0) + (2 * w_bytes if need_dgrad else 0), dtype=_U8,
+    # Kept: [x scale_inv | W scale_inv | x^T | W | W^T]; the forward's alone: [x | W when no
+    # dgrad needs it].
+    x_t_offset = 2 * _ALIGN if need_wgrad else 0
+    w_offset = 2 * _ALIGN + (x_bytes if need_wgrad else 0) if need_dgrad else 0
+    kept = torch.empty(2 * _ALIGN + (x_bytes if need_wgrad else 0) + (2 * w_bytes if need_dgrad else 0), dtype=_U8,
                        device=device)
     forward_only = torch.empty(x_bytes + (0 if need_dgrad else w_bytes), dtype=_U8, device=device)
     kept_at, forward_only_at = kept.data_ptr(), forward_only.data_ptr()
@@ -146,7 +150,7 @@ def linear_fp8_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
         _core.Tensor(dev.type, dev.index, code, (rows, cols), forward_only_at,
                      kept_at + x_t_offset if need_wgrad else 0, x_scale, kept_at, x_amax, _PER_TENSOR),
         _core.Tensor(dev.type, dev.index, code, (out_features, cols), w_at, w_at + w_bytes if need_dgrad else 0,
-                     w_scale, kept_at + 4, w_amax, _PER_TENSOR),
+                     w_scale, kept_at + _ALIGN, w_amax, _PER_TENSOR),
         _fresh_desc(out, (rows, out_features), dev), *_core_scaling(current), bool(split_accumulator), dev.workspace,
         dev.workspace_size, dev.stream)
     return out, SavedFp8(kept, fp8_dtype, rows, cols, out_features, x_t_offset, w_offset)
