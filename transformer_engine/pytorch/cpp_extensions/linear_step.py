@@ -5,7 +5,8 @@ The same casts and GEMMs as module_ops' separate calls (QuantizeGroup, gemm,
 dbias_quantize), with the same results bit for bit; what a step saves is the host
 work between them: descriptors, intermediate Python objects, three to five crossings
 into the core. At a tiny layer that work, not the GPU, is a training step's time.
-Buffers are made here as in module_ops (uninitialized; the core writes them).
+Buffers are uninitialized (the core writes them); the FP8 copies of a step share an
+allocation or two (SavedFp8), since each torch.empty costs a microsecond or more.
 """
 
 from __future__ import annotations
@@ -65,13 +66,12 @@ def _aligned(nbytes: int) -> int:
 
 class SavedFp8:
     """The FP8 copies a one-call forward keeps for the backward, in one allocation (one
-    torch.empty instead of five): the two scale_invs (x's at byte 0, W's at _ALIGN),
-    x's column-wise copy (the wgrad
-    GEMM's operand; with need_wgrad) and W in both layouts (the dgrad GEMM's; with
-    need_dgrad). The backward's one call reads them by address (``operand``); the
-    backward of separate calls gets Float8TensorBase views (``storage``). The row-wise
-    x, which only the forward GEMM reads, is not in it: it is freed after the forward,
-    as Transformer Engine frees it."""
+    torch.empty instead of five): the two scale_invs (x's at byte 0, W's at _ALIGN), x's
+    column-wise copy (the wgrad GEMM's operand; with need_wgrad) and W in both layouts
+    (the dgrad GEMM's; with need_dgrad). The backward's one call reads them by address
+    (``operand``); the backward of separate calls gets Float8TensorBase views
+    (``storage``). The row-wise x, which only the forward GEMM reads, is not in it: it
+    is freed after the forward, as Transformer Engine frees it."""
 
     __slots__ = ("buffer", "fp8_dtype", "rows", "cols", "out_features", "x_t_offset", "w_offset")
 
