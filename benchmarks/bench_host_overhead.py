@@ -42,6 +42,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from timing import best_host_round_us
+
 import transformer_engine.pytorch as te
 from transformer_engine import _core
 from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling
@@ -143,34 +145,6 @@ def core_kernels_stubbed():
             setattr(_core, name, fn)
 
 
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def round_us(step, iters: int, device: str) -> float:
-    """Wall time per step of one round of ``iters`` steps."""
-    sync(device)
-    start = time.perf_counter()
-    for _ in range(iters):
-        step()
-    elapsed = time.perf_counter() - start
-    sync(device)
-    return elapsed / iters * 1e6
-
-
-def best_round_us(steps: dict, iters: int, rounds: int, device: str) -> dict:
-    """name -> the fastest round's time per step, over alternating rounds of every step."""
-    for step in steps.values():
-        for _ in range(20):
-            step()
-    best = {name: float("inf") for name in steps}
-    for _ in range(rounds):
-        for name, step in steps.items():
-            best[name] = min(best[name], round_us(step, iters, device))
-    return best
-
-
 def graphed_steps(make_ref, make_te, x, grad) -> dict:
     """name -> step of the modules made CUDA graphs: PyTorch's layers by
     torch.cuda.make_graphed_callables, ours by te.make_graphed_callables (per recipe)."""
@@ -190,7 +164,7 @@ def print_graphed(pairs: dict, names, x, grad, iters: int, rounds: int) -> None:
         make_ref, make_te = pairs[module_name]
         steps = {"eager": training_step(make_ref(), x, grad, None)}
         steps.update(graphed_steps(make_ref, make_te, x, grad))
-        times = best_round_us(steps, iters, rounds, "cuda")
+        times = best_host_round_us(steps, iters, rounds, "cuda")
         row = [module_name, f"{times['eager']:.1f}"]
         row += [f"{times[label]:.1f} ({times[label] / times['eager']:.2f}x)" for label in labels]
         print("| " + " | ".join(row) + " |")
@@ -297,7 +271,7 @@ def main() -> None:
         steps = {"ref": training_step(ref, x, grad, None)}
         steps.update({label: training_step(ours, x, grad, recipe) for label, recipe in RECIPES.items()})
         with core_kernels_stubbed() if stub else contextlib.nullcontext():
-            times = best_round_us(steps, args.iters, args.rounds, device)
+            times = best_host_round_us(steps, args.iters, args.rounds, device)
         row = [module_name, f"{times['ref']:.1f}"]
         row += [f"{times[label]:.1f} ({times[label] / times['ref']:.2f}x)" for label in RECIPES]
         print("| " + " | ".join(row) + " |")

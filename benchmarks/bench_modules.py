@@ -7,17 +7,17 @@ backward at a tiny shape against nn.Linear, in one run.
 
 GPU time: CUDA events around each step (alternating rounds, medians). Host time: wall
 time per call of a tiny layer whose kernels take a few microseconds, so the host's work
-(Python, checks, launches) is what is measured; the GPU queue is drained once at the end.
+(Python, checks, launches) is what is measured: the fastest of 20 alternating rounds of
+100 steps, the GPU queue drained at the end of each (as bench_host_overhead.py times).
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 import torch.nn.functional as F
-from timing import time_pair_us
+from timing import best_host_round_us, time_pair_us
 
 import transformer_engine.pytorch as te
 from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling
@@ -45,18 +45,6 @@ class TorchMLP(torch.nn.Module):
 
     def forward(self, x):
         return self.fc2(F.gelu(self.fc1(self.norm(x)), approximate="tanh"))
-
-
-def host_time_us(step, iters: int) -> float:
-    for _ in range(20):
-        step()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(iters):
-        step()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / iters * 1e6
 
 
 def main() -> None:
@@ -100,11 +88,12 @@ def main() -> None:
     xs = torch.randn(16, 64, device="cuda", requires_grad=True)
     gs = torch.randn(16, 64, device="cuda")
     small, ref_small = te.Linear(64, 64, device="cuda"), torch.nn.Linear(64, 64, device="cuda")
-    results = {
-        "nn.Linear": host_time_us(training_step(ref_small, xs, gs, None), 2000),
-        "te.Linear (no FP8)": host_time_us(training_step(small, xs, gs, None), 2000),
-        "te.Linear (FP8)": host_time_us(training_step(small, xs, gs, recipe), 2000),
+    steps = {
+        "nn.Linear": training_step(ref_small, xs, gs, None),
+        "te.Linear (no FP8)": training_step(small, xs, gs, None),
+        "te.Linear (FP8)": training_step(small, xs, gs, recipe),
     }
+    results = best_host_round_us(steps, iters=100, rounds=20, device="cuda")
     for name, us in results.items():
         print(f"| {name} | {us:.1f} ({us / results['nn.Linear']:.2f}x nn.Linear) |")
 

@@ -6,6 +6,7 @@ latency."""
 from __future__ import annotations
 
 import statistics
+import time
 
 import torch
 
@@ -93,3 +94,33 @@ def print_bandwidth_table(script: str, rows, iters: int, shape_header: str) -> N
         bw = nbytes / (us * 1e-6)
         print(f"| {name} | {shape} | {us:.1f} | {bw / 1e9:.0f} | {bw / copy_bw:.1%} | {bw / same_bytes_bw[nbytes]:.1%} "
               f"| {torch_us:.1f} | {torch_us / us:.2f}x |")
+
+
+def host_round_us(step, iters: int, device: str) -> float:
+    """Wall time per call of one round of ``iters`` calls of ``step``: the host's work
+    when the GPU queue drains faster than the host fills it (the queue is drained at
+    the end of the round; ``device`` "cuda" or "cpu")."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        step()
+    elapsed = time.perf_counter() - start
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return elapsed / iters * 1e6
+
+
+def best_host_round_us(steps: dict, iters: int, rounds: int, device: str, warmup: int = 20) -> dict:
+    """name -> the fastest round's host time per call (host_round_us), over rounds of
+    every step in turn: drift hits every step alike, and on a shared machine the least
+    disturbed round is the best estimate of the work itself (the median moved by up to
+    50% between runs on a busy machine, the minimum by a few percent)."""
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    best = {name: float("inf") for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            best[name] = min(best[name], host_round_us(step, iters, device))
+    return best
