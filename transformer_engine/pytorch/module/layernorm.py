@@ -13,7 +13,7 @@ from transformer_engine.pytorch.module._function_apply import direct_apply
 from transformer_engine.pytorch.module._norm import make_norm_parameters, norm_backward, norm_forward
 from transformer_engine.pytorch.cpp_extensions.module_ops import core_device
 from transformer_engine.pytorch.module.base import activation_dtype_of, check_module_input, default_device
-from transformer_engine.pytorch.module.linear import to_2d, to_shape
+from transformer_engine.pytorch.module._linear_gemm import to_2d, to_shape
 
 __all__ = ["LayerNorm", "RMSNorm"]
 

@@ -32,8 +32,7 @@ from transformer_engine.pytorch.module.base import (
     check_fp8_dims,
     current_scaling_params,
 )
-from transformer_engine.pytorch.module.linear import (
-    Linear,
+from transformer_engine.pytorch.module._linear_gemm import (
     finish_backward,
     linear_gemm_backward,
     linear_gemm_forward,
@@ -41,6 +40,7 @@ from transformer_engine.pytorch.module.linear import (
     to_2d,
     to_shape,
 )
+from transformer_engine.pytorch.module.linear import Linear
 
 __all__ = ["LayerNormLinear"]
 

@@ -38,8 +38,7 @@ from transformer_engine.pytorch.module.base import (
     default_device,
 )
 from transformer_engine.pytorch.module.layernorm_linear import norm_then_maybe_fp8
-from transformer_engine.pytorch.module.linear import (
-    default_init_method,
+from transformer_engine.pytorch.module._linear_gemm import (
     finish_backward,
     gemm_bias,
     linear_gemm_backward,
@@ -48,6 +47,7 @@ from transformer_engine.pytorch.module.linear import (
     to_2d,
     to_shape,
 )
+from transformer_engine.pytorch.module.linear import default_init_method
 from transformer_engine.pytorch.module.wgrad_store import WgradTarget
 from transformer_engine.pytorch.tensor import Float8TensorBase
 
