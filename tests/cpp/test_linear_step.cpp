@@ -114,6 +114,17 @@ TEST(LinearStep, ForwardBadOutputShapeWritesNothing) {
   EXPECT_TRUE(f.x_fp8.untouched() && f.w_fp8.untouched() && f.bias_bf16.all_poison() && f.y.all_poison());
 }
 
+TEST(LinearStep, ForwardRowsNotDivisibleBy16WriteNothing) {
+  Forward f;  // 24 of the buffers' 32 rows: the FP8 GEMM cannot take them
+  te_tensor x = f.x_desc(), w = f.w_desc(), b = f.bias_desc(), b16 = f.bias_bf16_desc(), y = f.y_desc();
+  te_tensor xq = f.x_fp8.desc(TE_DTYPE_FLOAT8_E4M3), wq = f.w_fp8.desc(TE_DTYPE_FLOAT8_E4M3);
+  x.shape[0] = xq.shape[0] = y.shape[0] = 24;
+  EXPECT_EQ(te_linear_fp8_fwd(&x, &w, &b, &b16, &xq, &wq, &y, nullptr, 0, nullptr, 0, nullptr),
+            TE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(last_error().find("divisible by 16, got rows=24"), std::string::npos) << last_error();
+  EXPECT_TRUE(f.x_fp8.untouched() && f.w_fp8.untouched() && f.bias_bf16.all_poison() && f.y.all_poison());
+}
+
 // A backward's tensors, from a forward's FP8 copies: dy bf16, dbias fp32, dx bf16, dW fp32.
 struct Backward {
   Forward forward;

@@ -8,9 +8,9 @@
  * a small layer's step spends more time building descriptors and crossing into the
  * core for each of three to five calls than its kernels take on the GPU; these take
  * the step's tensors at once. Every tensor's shape, dtype, device and the pointers
- * its use needs are checked before anything runs; what only a GEMM finds (cuBLASLt
- * refusing a combination) fails the call after the casts were written and their
- * amaxes raised.
+ * its use needs, and the FP8 GEMMs' rule that rows, in and out be multiples of 16, are
+ * checked before anything runs; what only a GEMM finds (cuBLASLt refusing a
+ * combination) fails the call after the casts were written and their amaxes raised.
  *
  * Names: x = input [rows, in], W = weight [out, in], y = output [rows, out].
  *

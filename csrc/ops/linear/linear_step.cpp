@@ -2,12 +2,13 @@
 // tensor's shape, dtype and device is checked first, then the composed ops run in
 // the order Transformer Engine's Linear queues them. Device-neutral: the ops
 // composed pick the CPU reference or the CUDA kernels.
+#include "opente/linear.h"
+
 #include "common/dtype.h"
 #include "common/error.h"
 #include "common/tensor_checks.h"
 #include "opente/bias_grad.h"
 #include "opente/gemm.h"
-#include "opente/linear.h"
 #include "opente/quantize.h"
 
 using namespace opente;
@@ -55,6 +56,13 @@ void check_fp8_operand(const te_tensor& t, const char* name) {
   check_pointer(t.scale_inv, name, "scale_inv");
 }
 
+// te_gemm's FP8 rule (m, n and k divisible by 16), checked before the casts run:
+// rows, in and out are each of the three in one of the step's GEMMs.
+void check_fp8_gemm_dims(int64_t rows, int64_t in, int64_t out) {
+  OPENTE_CHECK_ARG(rows % 16 == 0 && in % 16 == 0 && out % 16 == 0,
+                   "FP8 GEMMs need rows, in and out divisible by 16, got rows=", rows, ", in=", in, ", out=", out);
+}
+
 // An FP8 cast as a GEMM operand: its data and scale_inv, not the scale and amax the
 // cast used (the GEMM reads neither).
 te_tensor as_operand(const te_tensor& t) {
@@ -78,6 +86,7 @@ void linear_fp8_fwd(const te_tensor* input_desc, const te_tensor* weight_desc, c
                    "] (in = input's last dim), got ", shape_string(weight));
   const int64_t out = weight.shape[0];
   check_same_device(input.device, "input", weight.device, "weight");
+  check_fp8_gemm_dims(rows, in, out);
   check_fp8_cast(checked_matrix(input_fp8_desc, "input_fp8", rows, in, input.device, "input"), "input_fp8", true, false,
                  current);
   check_fp8_cast(checked_matrix(weight_fp8_desc, "weight_fp8", out, in, input.device, "input"), "weight_fp8", true,
@@ -124,6 +133,7 @@ void linear_fp8_bwd(const te_tensor* grad_output_desc, const te_tensor* grad_out
       checked_tensor(grad_input_desc ? weight_fp8_desc : input_fp8_desc, grad_input_desc ? "weight_fp8" : "input_fp8");
   OPENTE_CHECK_ARG(any_fp8.ndim >= 1, "the forward's FP8 copies must be matrices, got ", shape_string(any_fp8));
   const int64_t in = any_fp8.shape[any_fp8.ndim - 1];
+  check_fp8_gemm_dims(rows, in, out);
   const te_tensor& dy_fp8 =
       checked_matrix(grad_output_fp8_desc, "grad_output_fp8", rows, out, dy.device, "grad_output");
   check_fp8_cast(dy_fp8, "grad_output_fp8", grad_input_desc != nullptr, grad_weight_desc != nullptr, current);
