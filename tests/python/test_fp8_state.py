@@ -159,3 +159,20 @@ def test_state_follows_a_history_length_change():
     state.adapt_to(shorter)
     assert state.matches(shorter)
     assert torch.equal(state.amax_history, torch.tensor([[0.0, 1.0], [2.0, 3.0]]))
+
+
+def test_core_group_follows_new_buffers_and_formats():
+    """The update's group tuple is kept between steps, and made again when a recipe
+    change gives the state a new history buffer or another format (a backward state:
+    E5M2 under HYBRID, E4M3 under E4M3)."""
+    state = DelayedScalingState(3, DelayedScaling(amax_history_len=4), False, "cpu")
+    first = state.core_group()
+    assert state.core_group() is first
+    assert first == (state.amax_history.data_ptr(), state.scale.data_ptr(), state.scale_inv.data_ptr(), 4, 3,
+                     int(DType.kFloat8E5M2))
+    state.adapt_to(DelayedScaling(amax_history_len=8, fp8_format=Format.E4M3))  # a new history and format
+    longer = state.core_group()
+    assert longer[0] == state.amax_history.data_ptr() != first[0]
+    assert longer[3:] == (8, 3, int(DType.kFloat8E4M3))
+    state.adapt_to(DelayedScaling(amax_history_len=8, fp8_format=Format.HYBRID))  # the same history, another format
+    assert state.core_group()[:5] == longer[:5] and state.core_group()[5] == int(DType.kFloat8E5M2)

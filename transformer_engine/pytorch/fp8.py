@@ -182,10 +182,18 @@ class DelayedScalingState:
 
     def core_group(self) -> tuple:
         """This state as a group of te_delayed_scaling_update: (history, scale, scale_inv
-        addresses, history_len, num_scales, FP8 format); the buffers are contiguous float32."""
-        history = self.amax_history
+        addresses, history_len, num_scales, FP8 format); the buffers are contiguous float32.
+        Kept between steps while the buffers and the format are the same objects (an
+        update at every autocast exit asks for it)."""
+        history, scale, scale_inv, fp8_dtype = self.amax_history, self.scale, self.scale_inv, self.fp8_dtype
+        cached = self.__dict__.get("_core_group")
+        if (cached is not None and cached[0] is history and cached[1] is scale and cached[2] is scale_inv
+                and cached[3] is fp8_dtype):
+            return cached[4]
         rows, cols = history.shape
-        return history.data_ptr(), self.scale.data_ptr(), self.scale_inv.data_ptr(), rows, cols, int(self.fp8_dtype)
+        group = history.data_ptr(), scale.data_ptr(), scale_inv.data_ptr(), rows, cols, int(fp8_dtype)
+        self._core_group = (history, scale, scale_inv, fp8_dtype, group)
+        return group
 
     def state_tensors(self) -> Dict[str, torch.Tensor]:
         """The buffers, with a deferred backward update applied first (the values as
@@ -212,9 +220,14 @@ class DelayedScalingState:
         self.scale_inv[:saved].copy_(tensors["scale_inv"])
 
 
+# Whether this PyTorch has torch.distributed at all (fixed for the process; asked at
+# every scale update otherwise).
+_DISTRIBUTED = torch.distributed.is_available()
+
+
 def _reduce_current_amaxes(states: List[DelayedScalingState], group) -> None:
     """All-reduces (max) row 0 of every history over ``group`` with one collective."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+    if not (_DISTRIBUTED and torch.distributed.is_initialized()):
         return
     if torch.distributed.get_world_size(group) <= 1:
         return
@@ -257,8 +270,7 @@ _AMAX_COMPUTE_ALGOS = {"max": int(_core.AmaxComputeAlgo.MAX), "most_recent": int
 
 def _amax_reduction_needed(group) -> bool:
     """Whether _reduce_current_amaxes would all-reduce over ``group`` (None: the world)."""
-    return (torch.distributed.is_available() and torch.distributed.is_initialized()
-            and torch.distributed.get_world_size(group) > 1)
+    return _DISTRIBUTED and torch.distributed.is_initialized() and torch.distributed.get_world_size(group) > 1
 
 
 def _uses_callables(recipe: DelayedScaling) -> bool:
