@@ -9,13 +9,14 @@
 #
 #   run(command="bash tools/device_check.sh")            # from the device tool
 #   STEPS="build tests" bash tools/device_check.sh       # a subset
+#   STEPS="build host" bash tools/device_check.sh        # host-time benchmarks only
 #   SANITIZE_FILES="tests/python/test_gemm.py" STEPS=sanitizer bash tools/device_check.sh
 #   PROFILE_KERNELS=norm_fwd_rows_kernel PROFILE_BENCH="benchmarks/bench_norm.py --iters 1 --shapes 4096x16384" \
 #     STEPS=profile bash tools/device_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/opente_device}
-STEPS=${STEPS:-"build tests bench sanitizer"}  # also: profile (ncu; default: the cast kernels)
+STEPS=${STEPS:-"build tests bench sanitizer"}  # also: profile (ncu; default: the cast kernels), host
 JOBS=$(nproc)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=$JOBS
@@ -58,6 +59,14 @@ if step bench; then
   for bench in benchmarks/bench_*.py; do
     name=$(basename "$bench" .py)
     python3 "$bench" 2>&1 | tee "$OUT/$name.log"
+  done
+fi
+
+if step host; then
+  # The host-time benchmarks alone (also part of "bench"): the modules' tiny steps against
+  # PyTorch's, and bench_modules.py's training steps with its own host line, in one call.
+  for bench in bench_host_overhead bench_modules; do
+    python3 "benchmarks/$bench.py" 2>&1 | tee "$OUT/$bench.log" | grep -E '^\||^device'
   done
 fi
 
