@@ -21,13 +21,13 @@ from transformer_engine.pytorch.cpp_extensions.module_ops import (
     _F32,
     _PER_TENSOR,
     _U8,
-    CUDA,
     CoreDevice,
     _amax_and_scale_slots,
     _float_desc,
     _gemm_operand,
     _scratch,
     dbias_dtype_for,
+    workspace_and_cast_slots,
 )
 from transformer_engine.pytorch.cpp_extensions.tensor_desc import DType
 
@@ -184,18 +184,13 @@ def linear_fp8_backward(dy: torch.Tensor, saved_x, saved_w, in_features: int, fp
         dbias = torch.empty(out_features, dtype=dbias_dtype_for(dy, dbias_dtype), device=device)
         dbias_desc = _fresh_desc(dbias, (out_features,), dev)
         ws_size = _core.dbias_workspace_size(rows, out_features, dev.type, dev.index)
-    # The stream's scratch (kept referenced until queued) holds the bias gradient's
-    # workspace and, under current scaling, the cast's amax and scale after it.
-    if current is not None and dev.type == CUDA:
-        ws_bytes = (ws_size + 15) // 16 * 16
-        keep, ws_ptr = _scratch(ws_bytes + 8, dev, device)
-        amax = ws_ptr + ws_bytes
+    # The bias gradient's workspace, and under current scaling the cast's amax and scale
+    # (kept referenced until queued).
+    if current is not None:
+        keep, ws_ptr, amax = workspace_and_cast_slots(ws_size, dev, device)
         scale = amax + 4
     else:
         keep, ws_ptr = _scratch(ws_size, dev, device)
-        if current is not None:  # on the CPU a small tensor of their own
-            keep_slots, amax = _amax_and_scale_slots(1, dev, device)
-            scale = amax + 4
     dx = dw = dx_desc = dw_desc = w_desc = x_desc = None
     if need_dgrad:
         dx = torch.empty(rows, in_features, dtype=dx_dtype, device=device)

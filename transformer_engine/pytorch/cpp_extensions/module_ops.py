@@ -30,7 +30,7 @@ import transformer_engine.pytorch.tensor._internal.float8_tensor_base as _f8
 __all__ = [
     "CPU", "CUDA", "CoreDevice", "Fp8Output", "core_device", "core_device_at", "cuda_workspace",
     "quantize", "quantize_current_scaling", "QuantizeGroup", "dbias_quantize", "gemm", "gemm_fp8_output",
-    "gemm_bias_grad", "delayed_scaling_update", "dbias_quantize_current_scaling",
+    "gemm_bias_grad", "delayed_scaling_update", "dbias_quantize_current_scaling", "workspace_and_cast_slots",
     "norm_forward", "norm_backward", "activation_forward", "activation_backward", "dact_dbias_quantize",
 ]
 
@@ -258,6 +258,21 @@ def _amax_and_scale_slots(count: int, dev: CoreDevice, device: torch.device) -> 
     return t, t.data_ptr()
 
 
+def workspace_and_cast_slots(ws_size: int, dev: CoreDevice,
+                             device: torch.device) -> Tuple[Optional[torch.Tensor], int, int]:
+    """(what to keep referenced until the op is queued, the workspace's address, the
+    amax's address) of an op with a ``ws_size``-byte workspace that also makes one
+    current-scaling cast (its amax, then its scale: 8 bytes). On the GPU both in the
+    stream's scratch, the slots after the workspace (16-byte aligned); on the CPU, which
+    needs no workspace (address 0), the slots in a small tensor."""
+    if dev.type == CUDA:
+        ws_bytes = (ws_size + 15) // 16 * 16
+        keep, ws_ptr = _scratch(ws_bytes + 8, dev, device)
+        return keep, ws_ptr, ws_ptr + ws_bytes
+    keep, amax = _amax_and_scale_slots(1, dev, device)
+    return keep, 0, amax
+
+
 class QuantizeGroup:
     """FP8 casts made by one core call: ``add`` / ``add_current_scaling`` return a cast's
     FP8 storage at once (its buffers exist, not yet written) and ``run`` queues what
@@ -366,13 +381,7 @@ def dbias_quantize_current_scaling(dy: torch.Tensor, fp8_dtype: DType, epsilon: 
     data, data_t, scale_inv = _fp8_buffers(rows, cols, device, rowwise, columnwise)
     dbias = torch.empty(cols, dtype=dbias_dtype_for(dy, dbias_dtype), device=device)
     ws_size = _core.dbias_workspace_size(rows, cols, dev.type, dev.index)
-    if dev.type == CUDA:  # the op's workspace, then its amax and scale, in the stream's scratch
-        slots = (ws_size + 15) // 16 * 16
-        keep, ws_ptr = _scratch(slots + 8, dev, device)
-        amax = ws_ptr + slots
-    else:
-        keep, amax = _amax_and_scale_slots(1, dev, device)
-        ws_ptr = 0
+    keep, ws_ptr, amax = workspace_and_cast_slots(ws_size, dev, device)
     _core.dbias_cast_transpose_current_scaling(
         _float_desc(dy, dev, "grad"), _fp8_desc(rows, cols, fp8_dtype, data, data_t, amax + 4, scale_inv, amax, dev),
         _float_desc(dbias, dev, "dbias"), float(epsilon), bool(force_pow_2_scales), ws_ptr, ws_size, dev.stream)
