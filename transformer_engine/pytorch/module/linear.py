@@ -103,7 +103,8 @@ def _one_call_forward(module: "Linear", step: FP8Step, inp: torch.Tensor, weight
     if module._fp8_weight_cache:  # a copy cached by an earlier microbatch is stale now
         module._fp8_weight_cache.pop("weight", None)
     out, saved = linear_fp8_forward(x, weight, bias, fp8_gemm_bias_dtype(dtype, dev), fp8_dtype, need_wgrad,
-                                    need_dgrad, dtype, dev, split_accumulator(step, "fp8_gemm_fprop", default=False), **scaling)
+                                    need_dgrad, dtype, dev, split_accumulator(step, "fp8_gemm_fprop", default=False),
+                                    **scaling)
     return out, (saved if need_wgrad else None), (saved if need_dgrad else None)
 
 
@@ -123,7 +124,8 @@ def _one_call_backward(step: FP8Step, grad_out: torch.Tensor, saved_x, saved_w, 
         scaling = {"current": (epsilon, pow_2)}
     dx, dw, dbias = linear_fp8_backward(dy, saved_x, saved_w, weight.shape[1], fp8_dtype, want_dbias, bias_dtype,
                                         gemm_out_dtype(inp_dtype, dtype, dev), gemm_out_dtype(weight.dtype, dtype, dev),
-                                        dev, split_accumulator(step, "fp8_gemm_dgrad"), split_accumulator(step, "fp8_gemm_wgrad"), **scaling)
+                                        dev, split_accumulator(step, "fp8_gemm_dgrad"),
+                                        split_accumulator(step, "fp8_gemm_wgrad"), **scaling)
     if dw is not None and dw.dtype != weight.dtype:
         dw = dw.to(weight.dtype)
     return dx, dw, dbias
