@@ -59,7 +59,7 @@ def fp8_operand(shape, fp8_dtype, gen, device="cpu") -> Float8TensorBase:
     """Random FP8 data (both copies) with a scale that is not a power of two, so the
     scale_inv factors matter; values spread over about 2^-6 .. 2^3 of FP8's max."""
     x = torch.randn(shape, generator=gen) * torch.exp2(torch.rand(shape, generator=gen) * 4 - 2)
-    scale = FP8_MAX[fp8_dtype] / (float(x.abs().max()) * 1.37)
+    scale = FP8_MAX[fp8_dtype] / (float(x.abs().max()) * 1.37) if x.numel() else 3.0
     bits = torch.clamp(x * scale, -FP8_MAX[fp8_dtype], FP8_MAX[fp8_dtype]).to(TORCH_FP8[fp8_dtype]).view(torch.uint8)
     rows = math.prod(shape[:-1])
     data_t = bits.reshape(rows, shape[-1]).t().contiguous().reshape(shape[-1], *shape[:-1])

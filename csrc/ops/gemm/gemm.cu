@@ -291,6 +291,29 @@ MatmulPlan& thread_plan_for(const CublasLtApi& api, const AlgoKey& key, const Ge
   return cache.get(api, key, p);
 }
 
+// A product over k = 0 is zero, so D is the epilogue of beta * D. cuBLASLt runs that for
+// float operands, but refuses FP8 operands and the bias-gradient epilogue at k = 0 (a
+// batch with no tokens reaches the wgrad GEMM so). Written here where it is only zeros
+// or D left as it is: returns false for what needs arithmetic (a bias, or an epilogue
+// over an accumulated D), which cuBLASLt then runs or names.
+bool gemm_over_empty_k(const GemmParams& p, cudaStream_t s) {
+  if (epilogue_has_bias(p.epilogue)) return false;
+  const bool keeps_d = p.beta == 1.0f;  // accumulating: D = D (+ an epilogue of it)
+  if (!keeps_d && p.beta != 0.0f) return false;
+  if (keeps_d && p.epilogue != TE_GEMM_EPILOGUE_NONE && p.epilogue != TE_GEMM_EPILOGUE_BGRAD) return false;
+  const auto zero = [s](void* ptr, size_t bytes) { cuda_check(cudaMemsetAsync(ptr, 0, bytes, s), "cudaMemsetAsync"); };
+  const size_t mn = size_t(p.m) * size_t(p.n);
+  // P = 0: D = 0, gelu(0) = 0 and 0 * gelu'(aux) = 0; FP8 zero is the zero byte.
+  if (!keeps_d) zero(p.d, mn * dtype_size(p.d_dtype));
+  if (epilogue_writes_aux(p.epilogue)) zero(p.aux, mn * dtype_size(p.aux_dtype));
+  if (p.bias_grad) {  // sums over no rows (BGRAD: over k; DGELU_BGRAD: of D's zero rows)
+    const int64_t len = p.epilogue == TE_GEMM_EPILOGUE_BGRAD ? p.m : p.n;
+    zero(p.bias_grad, size_t(len) * dtype_size(p.bias_grad_dtype));
+  }
+  if (p.d_amax) zero(p.d_amax, sizeof(float));  // an FP8 D has beta 0: all zeros
+  return true;
+}
+
 }  // namespace
 
 void gemm_cuda(const GemmParams& p, int device, void* workspace, size_t workspace_size, void* stream) {
@@ -308,6 +331,7 @@ void gemm_cuda(const GemmParams& p, int device, void* workspace, size_t workspac
     }
     return;
   }
+  if (p.k == 0 && (is_fp8(p.a.dtype) || p.epilogue == TE_GEMM_EPILOGUE_BGRAD) && gemm_over_empty_k(p, s)) return;
   const CublasLtApi& api = cublaslt_api();
   const cublasLtHandle_t handle = thread_handle_for(device);
   const AlgoKey key = algo_key(p, device, workspace_size);
