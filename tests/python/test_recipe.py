@@ -106,7 +106,9 @@ def record_amaxes(hists, gen, allow_inf=True):
         h[0] = row
 
 
-GROUP_SHAPES = [(1, 1), (4, 3), (16, 5), (1024, 2), (3, 0), (7, 33)]
+# The GPU kernel spreads a group over rows and columns: (1024, 3) rolls in more than one
+# chunk, (600, 1) reduces over 256 lanes, (3, 300) takes its columns in two passes.
+GROUP_SHAPES = [(1, 1), (2, 4), (4, 3), (16, 5), (1024, 2), (1024, 3), (600, 1), (3, 0), (7, 33), (3, 300)]
 
 
 @pytest.mark.parametrize("with_scale_inv", [True, False], ids=["scale_inv", "no_scale_inv"])
