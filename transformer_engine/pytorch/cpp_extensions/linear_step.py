@@ -128,22 +128,25 @@ def linear_fp8_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
     else:
         x_scale, x_amax, w_scale, w_amax = scale, amax, scale + 4, amax + 4
     x_bytes, w_bytes = _aligned(rows * cols), _aligned(out_features * cols)
+    convert_bias = bias is not None and bias.dtype != bias_dtype  # to the dtype the GEMM adds
     # Kept: [x scale_inv | W scale_inv | x^T | W | W^T]; the forward's alone: [x | W when no
-    # dgrad needs it].
+    # dgrad needs it | the converted bias].
     x_t_offset = 2 * _ALIGN if need_wgrad else 0
     w_offset = 2 * _ALIGN + (x_bytes if need_wgrad else 0) if need_dgrad else 0
     kept = torch.empty(2 * _ALIGN + (x_bytes if need_wgrad else 0) + (2 * w_bytes if need_dgrad else 0), dtype=_U8,
                        device=device)
-    forward_only = torch.empty(x_bytes + (0 if need_dgrad else w_bytes), dtype=_U8, device=device)
+    bias_offset = x_bytes + (0 if need_dgrad else w_bytes)
+    forward_only = torch.empty(bias_offset + (out_features * bias_dtype.itemsize if convert_bias else 0),
+                               dtype=_U8, device=device)
     kept_at, forward_only_at = kept.data_ptr(), forward_only.data_ptr()
     w_at = kept_at + w_offset if need_dgrad else forward_only_at + x_bytes
     out = torch.empty(rows, out_features, dtype=out_dtype, device=device)
-    bias_desc = converted_desc = converted = None
+    bias_desc = converted_desc = None
     if bias is not None:
         bias_desc = _float_desc(bias, dev, "bias")
-        if bias.dtype != bias_dtype:
-            converted = torch.empty(out_features, dtype=bias_dtype, device=device)  # held until queued
-            converted_desc = _fresh_desc(converted, (out_features,), dev)
+        if convert_bias:
+            converted_desc = _core.Tensor(dev.type, dev.index, _CORE_DTYPES[bias_dtype], (out_features,),
+                                          forward_only_at + bias_offset)
     code = int(fp8_dtype)
     _core.linear_fp8_fwd(
         _float_desc(x, dev, "inp"), _float_desc(weight, dev, "weight"), bias_desc, converted_desc,
