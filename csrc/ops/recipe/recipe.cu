@@ -33,7 +33,7 @@ constexpr int kRollPerThread = 8;
 // One block per group. A group's history is [history_len, num_scales] row-major: a few
 // scales wide (3 for a Linear's forward) and up to a thousand rows long, so the block
 // spreads over its rows as well as its columns (a thread a column walking every row
-// took 62 us at 1024 rows, H200: the whole GPU time of a small layer's step).
+// took 62 us at 1024 rows, H200: longer than the rest of a small layer's step).
 __global__ void __launch_bounds__(kThreads) delayed_scaling_kernel(GroupBatch batch, bool use_max, float margin_factor) {
   __shared__ float partial[kThreads];
   const te_amax_history_group g = batch.groups[blockIdx.x];
