@@ -377,8 +377,13 @@ def test_clear_errors():
         te.Linear(32, 16, tp_size=2, device="cpu")
     with pytest.raises(NotImplementedError, match="ub_overlap_ag"):
         te.Linear(32, 16, ub_overlap_ag=True, device="cpu")
-    with pytest.raises(ValueError, match="in_features must be a positive int"):
+    with pytest.raises(ValueError, match="^Linear: in_features must be a positive int"):
         te.Linear(0, 16, device="cpu")
+    # LayerNormLinear shares Linear's constructor; its errors name it.
+    with pytest.raises(ValueError, match="^LayerNormLinear: out_features must be a positive int"):
+        te.LayerNormLinear(16, 0, device="cpu")
+    with pytest.raises(TypeError, match="^LayerNormLinear: params_dtype"):
+        te.LayerNormLinear(16, 16, params_dtype=torch.int32, device="cpu")
 
 
 @pytest.mark.parametrize("device", DEVICES)

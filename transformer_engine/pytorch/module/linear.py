@@ -224,23 +224,24 @@ class Linear(TransformerEngineBaseModule):
                  symmetric_ar_type: Optional[str] = None, name: Optional[str] = None):
         super().__init__(tp_group=tp_group, tp_size=tp_size, sequence_parallel=sequence_parallel,
                          parallel_mode=parallel_mode, delay_wgrad_compute=delay_wgrad_compute)
+        who = type(self).__name__  # LayerNormLinear's errors name LayerNormLinear
         for flag, value in (("ub_overlap_ag", ub_overlap_ag), ("ub_overlap_rs", ub_overlap_rs),
                             ("ub_overlap_rs_dgrad", ub_overlap_rs_dgrad), ("ub_bulk_dgrad", ub_bulk_dgrad),
                             ("ub_bulk_wgrad", ub_bulk_wgrad)):
             if value:
-                raise NotImplementedError(f"Linear: {flag}=True is not implemented in OpenTE yet")
+                raise NotImplementedError(f"{who}: {flag}=True is not implemented in OpenTE yet")
         if symmetric_ar_type is not None:
-            raise NotImplementedError("Linear: symmetric_ar_type is not implemented in OpenTE yet")
+            raise NotImplementedError(f"{who}: symmetric_ar_type is not implemented in OpenTE yet")
         for arg, value in (("in_features", in_features), ("out_features", out_features)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"Linear: {arg} must be a positive int, got {value!r}")
+                raise ValueError(f"{who}: {arg} must be a positive int, got {value!r}")
         self.in_features, self.out_features = in_features, out_features
         self.use_bias, self.return_bias = bool(bias), bool(return_bias)
         self.fuse_wgrad_accumulation = bool(fuse_wgrad_accumulation)
         self.get_rng_state_tracker, self.rng_tracker_name, self.name = get_rng_state_tracker, rng_tracker_name, name
         params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
         if params_dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            raise TypeError(f"Linear: params_dtype must be float32, float16 or bfloat16, got {params_dtype}")
+            raise TypeError(f"{who}: params_dtype must be float32, float16 or bfloat16, got {params_dtype}")
         device = default_device() if device is None else torch.device(device)
         self.params_dtype = params_dtype
         self.init_method = default_init_method if init_method is None else init_method
