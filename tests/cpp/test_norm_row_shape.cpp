@@ -48,6 +48,35 @@ TEST(NormRowShape, ForwardBuckets) {
   EXPECT_FALSE(opente::norm_fwd_row_shape(int64_t(1) << 40).in_registers());
 }
 
+TEST(NormRowShape, TiledForward) {
+  for (int64_t hidden = 1; hidden <= opente::kNormFwdMaxRegisterHidden + 1; ++hidden) {
+    SCOPED_TRACE(testing::Message() << "tiled forward, hidden " << hidden);
+    const opente::NormFwdTileShape tile = opente::norm_fwd_tile_shape(hidden);
+    const bool taken =
+        hidden >= opente::kNormFwdTiledMinHidden && hidden <= opente::kNormFwdTiledMaxHidden && hidden % 256 == 0;
+    ASSERT_EQ(tile.taken(), taken);
+    if (!taken) continue;
+    // the forward's row groups (same chunks and lanes: a warp a row), more of them a block
+    check_shape(tile.rows, hidden, "tiled forward");
+    const NormRowShape plain = opente::norm_fwd_row_shape(hidden);
+    EXPECT_EQ(tile.rows.chunks, opente::kNormFwdChunks);  // the only bucket norm_fwd_tiled.cu instantiates
+    EXPECT_EQ(tile.rows.threads_per_row, 32);
+    EXPECT_EQ(tile.rows.threads_per_row, plain.threads_per_row);
+    EXPECT_EQ(tile.rows.block_threads(), opente::kNormMaxBlockThreads);
+    EXPECT_EQ(tile.hidden, hidden);
+    // the block's row groups divide the tile; whole 32-byte sectors of the transposed
+    // copy; the tile's swizzle (row block times 128 / tile_rows) below 16 slots
+    EXPECT_EQ(tile.tile_rows % tile.rows.rows_per_block, 0);
+    EXPECT_EQ(tile.tile_rows % 32, 0);
+    EXPECT_LT((tile.tile_rows / 8 - 1) * (128 / tile.tile_rows), 16);
+    // two blocks an SM beside the kernel's static shared memory
+    EXPECT_LE(2 * tile.smem_bytes(), size_t(kMaxSmemPerBlock) - 2048);
+  }
+  EXPECT_TRUE(opente::norm_fwd_tile_shape(768).taken());
+  EXPECT_TRUE(opente::norm_fwd_tile_shape(1024).taken());
+  EXPECT_FALSE(opente::norm_fwd_tile_shape(896).taken());
+}
+
 TEST(NormRowShape, BackwardBuckets) {
   constexpr int64_t kRegisterSums = int64_t(opente::kNormMaxBlockThreads) * opente::kNormBwdChunks * 8;  // 8192
   for (int64_t hidden = 1; hidden <= opente::kNormBwdMaxRegisterHidden; ++hidden) {

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from conftest import requires_cuda
 
 from fp8_reference import FP8_MAX, FP8_MIN_SUBNORMAL, FLOAT_DTYPES, TORCH_FP8, dtype_id, ref_quantize
+from transformer_engine import _core
 from transformer_engine.pytorch.cpp_extensions import (
     DType,
     layernorm_bwd,
@@ -32,6 +33,7 @@ from transformer_engine.pytorch.cpp_extensions import (
     rmsnorm_bwd,
     rmsnorm_fwd,
 )
+from transformer_engine.pytorch.cpp_extensions.tensor_desc import describe, stream_of
 from transformer_engine.pytorch.tensor import Float8TensorBase
 
 # The CUDA tests run on this device parameter. The kernels arrive with issue 4's CUDA
@@ -894,6 +896,85 @@ def test_fwd_fp8_both_copies_cuda_back_to_back(norm, hidden, device, gen):
     for one, other in zip(alone, queued):
         assert torch.equal(other._transpose, other._data.t())
         assert torch.equal(one._data, other._data) and torch.equal(one._transpose, other._transpose)
+
+
+# Both FP8 copies in one pass (norm_fwd_tiled.cu) take hidden 768 and 1024 with rows % 8
+# == 0 (tiles of 64 rows): 8 rows, one partial tile; 72, a tile and 8 rows of the next;
+# 4104 x 1024, 65 tiles; 70000 x 768, more tiles than the grid's four waves, so that
+# blocks stride over tiles. 36 x 1024, 64 x 1000, 40 x 896 and 264 x 2048 are shapes it
+# leaves to the two passes.
+TILED_SHAPES = [(8, 768), (72, 768), (200, 1024), (4104, 1024), (70000, 768), (36, 1024), (64, 1000), (40, 896),
+                (264, 2048)]
+
+
+def run_fwd_fp8_both_ways(norm, x, w, b, fp8_dtype, device):
+    """The FP8 forward with the row-wise copy alone (the row kernel, which
+    test_fwd_fp8_cuda checks against the CPU reference), then with both copies: a list
+    of (out, mu, rsigma, amax), each on cache poisoned with NaN bytes."""
+    scale = torch.tensor([3.0], device=device)
+    results = []
+    for columnwise in (False, True):
+        amax = torch.zeros(1, device=device)
+        poison_cache(2 * x.numel(), device)
+        out, mu, rs = run_fwd(norm, x, w, b, 1e-5, True, fp8_dtype=fp8_dtype, scale=scale, amax=amax,
+                              columnwise=columnwise)
+        results.append((out, mu, rs, amax))
+    return results
+
+
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("fp8_dtype", [E4M3, E5M2], ids=dtype_id)
+@pytest.mark.parametrize("shape", TILED_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd_fp8_both_copies_tiled_cuda(norm, x_dtype, shape, fp8_dtype, device, gen):
+    """With both copies, the row-wise copy, the statistics, amax and scale_inv equal those
+    of the row-wise call bit for bit, and the transposed copy is the row-wise copy
+    transposed (every byte written: the cache held NaN bytes)."""
+    rows, hidden = shape
+    x, w, b = make_inputs((rows,), hidden, x_dtype, torch.float32, True, gen)
+    (row, mu0, rs0, amax0), (both, mu1, rs1, amax1) = run_fwd_fp8_both_ways(
+        norm, x.to(device), w.to(device), b.to(device), fp8_dtype, device)
+    assert torch.equal(both._data, row._data)
+    assert torch.equal(both._transpose, row._data.t())
+    assert torch.equal(rs1, rs0) and (mu0 is None or torch.equal(mu1, mu0))
+    assert torch.equal(amax1, amax0) and torch.equal(both._scale_inv, row._scale_inv)
+
+
+@pytest.mark.parametrize("device", ["cpu"] + CUDA)
+@pytest.mark.parametrize("shape", [(72, 768), (64, 1000), (37, 1024)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd_fp8_columnwise_copy_alone(norm, shape, device, gen):
+    """An FP8 output with only its column-wise copy (the C API allows a null row-wise
+    buffer; the Python wrappers always ask for both): the copy equals the transposed
+    row-wise copy of the usual call, bytes past it untouched. 72 x 768 takes the tiled
+    kernel on CUDA, the others the row kernel's byte stores."""
+    rows, hidden = shape
+    x, w, b = make_inputs((rows,), hidden, torch.bfloat16, torch.float32, False, gen)
+    x, w, b = x.to(device), w.to(device), b.to(device)
+    scale = torch.tensor([3.0], device=device)
+    ref, mu_ref, rs_ref = run_fwd(norm, x, w, b, 1e-5, False, fp8_dtype=E4M3, scale=scale)
+    guard = 64
+    data_t = torch.full((hidden * rows + guard,), 0xA5, dtype=torch.uint8, device=device)
+    scale_inv = torch.zeros(1, device=device)
+    x_desc = describe(x, "inp")
+    out_desc = _core.Tensor(*x_desc.device, int(E4M3), [rows, hidden], 0, data_t.data_ptr(), scale.data_ptr(),
+                            scale_inv.data_ptr(), 0, int(_core.ScalingMode.PER_TENSOR))
+    rsigma = torch.empty(rows, device=device)
+    size = _core.norm_workspace_size(rows, hidden, *x_desc.device)
+    ws = torch.empty(size, dtype=torch.uint8, device=device) if size else None
+    ws_ptr, ws_size = (ws.data_ptr(), ws.numel()) if ws is not None else (0, 0)
+    if norm == "layernorm":
+        mu = torch.empty(rows, device=device)
+        _core.layernorm_fwd(x_desc, describe(w, "weight"), describe(b, "bias"), 1e-5, False, out_desc,
+                            describe(mu, "mu"), describe(rsigma, "rsigma"), ws_ptr, ws_size, stream_of(x))
+        assert torch.equal(mu, mu_ref)
+    else:
+        _core.rmsnorm_fwd(x_desc, describe(w, "weight"), 1e-5, False, out_desc, describe(rsigma, "rsigma"), ws_ptr,
+                          ws_size, stream_of(x))
+    assert torch.equal(data_t[:-guard].view(hidden, rows), ref._data.t())
+    assert bool((data_t[-guard:] == 0xA5).all())
+    assert torch.equal(rsigma, rs_ref) and torch.equal(scale_inv, ref._scale_inv)
 
 
 @pytest.mark.parametrize("device", CUDA)

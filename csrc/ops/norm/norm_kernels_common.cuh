@@ -283,6 +283,18 @@ __device__ __forceinline__ bool in_row(int col, int i, int hidden) {
   return kVectorized ? col < hidden : col + i < hidden;
 }
 
+// A chunk's eight FP8 bytes (element 0 in the lowest byte).
+template <te_dtype kOut>
+__device__ __forceinline__ uint2 fp8_chunk(const float (&y)[kChunk]) {
+  uint32_t words[2];
+#pragma unroll
+  for (int w = 0; w < 2; ++w) {
+    words[w] = uint32_t(float2_to_fp8x2<kOut>(y[4 * w], y[4 * w + 1])) |
+               (uint32_t(float2_to_fp8x2<kOut>(y[4 * w + 2], y[4 * w + 3])) << 16);
+  }
+  return make_uint2(words[0], words[1]);
+}
+
 // y[0..8) to columns [col, col + 8) of a row of kOut elements, those < hidden.
 // kVectorized as for RowShare (for FP8 the row need only be 8-byte aligned).
 template <bool kVectorized, te_dtype kOut>
@@ -290,13 +302,7 @@ __device__ __forceinline__ void store_chunk(void* row, int col, int hidden, cons
   if constexpr (kVectorized) {
     if (col >= hidden) return;
     if constexpr (kIsFp8<kOut>) {
-      uint32_t words[2];
-#pragma unroll
-      for (int w = 0; w < 2; ++w) {
-        words[w] = uint32_t(float2_to_fp8x2<kOut>(y[4 * w], y[4 * w + 1])) |
-                   (uint32_t(float2_to_fp8x2<kOut>(y[4 * w + 2], y[4 * w + 3])) << 16);
-      }
-      *reinterpret_cast<uint2*>(static_cast<uint8_t*>(row) + col) = make_uint2(words[0], words[1]);
+      *reinterpret_cast<uint2*>(static_cast<uint8_t*>(row) + col) = fp8_chunk<kOut>(y);
     } else {
       using T = typename CudaType<kOut>::type;
       Vec8<T> vec;

@@ -31,6 +31,26 @@ struct NormRowShape {
 
 // The forward's shape for rows of `hidden` elements; chunks == 0 beyond kNormFwdMaxRegisterHidden.
 NormRowShape norm_fwd_row_shape(int64_t hidden);
+// Both FP8 copies in one pass (norm_fwd_tiled.cu): a block normalizes `tile_rows`
+// consecutive rows with the forward's row groups (a warp a row), keeps their FP8 bytes
+// in shared memory, then writes the tile's transpose, tile_rows consecutive bytes (two
+// whole 32-byte sectors) of each of its columns.
+struct NormFwdTileShape {
+  NormRowShape rows;  // the forward's row groups, rows_per_block a power of two dividing tile_rows
+  int64_t hidden = 0;
+  int tile_rows = 0;  // 0: not taken (the row kernel, then the byte transpose)
+
+  bool taken() const { return tile_rows > 0; }
+  size_t smem_bytes() const { return size_t(tile_rows) * size_t(hidden); }  // the tile's FP8 bytes
+};
+// For rows of `hidden` elements: taken for hidden 768 and 1024 (multiples of 128 keep the
+// tile's swizzled 8-byte slots in their row: norm_fwd_kernel.cuh; 896 was measured and
+// left out, see norm_row_shape.cpp).
+NormFwdTileShape norm_fwd_tile_shape(int64_t hidden);
+constexpr int64_t kNormFwdTiledMinHidden = 768;
+constexpr int64_t kNormFwdTiledMaxHidden = 1024;
+constexpr int kNormFwdTileRows = 64;
+
 // The backward's; chunks == 0 beyond kNormBwdMaxRegisterHidden.
 NormRowShape norm_bwd_row_shape(int64_t hidden);
 // The pipelined backward's (norm_bwd_pipelined.cu: 16-bit rows, one a block of up to
@@ -79,6 +99,12 @@ int64_t norm_resident_grid(const void* kernel, const NormRowShape& shape, size_t
 // or dgamma / dbeta themselves for a grid of 1.
 bool norm_bwd_pipelined_takes(const NormBwdParams& p);
 int64_t norm_bwd_pipelined_cuda(const NormBwdParams& p, int device, float* partials, void* stream);
+
+// The tiled forward (norm_fwd_tiled.cu): whether it takes this call (an FP8 y with its
+// transposed copy, norm_fwd_tile_shape's hidden, rows % 8 == 0, aligned buffers), and
+// its launch.
+bool norm_fwd_tiled_takes(const NormFwdParams& p);
+void norm_fwd_tiled_cuda(const NormFwdParams& p, int device, void* stream);
 
 // Fallback kernels for rows too long for registers.
 void norm_fwd_fallback_cuda(const NormFwdParams& p, int device, void* stream);

@@ -45,6 +45,27 @@ NormRowShape norm_fwd_row_shape(int64_t hidden) {
   return row_shape(hidden, hidden <= 512 ? kNormFwdSmallChunks : kNormFwdChunks, 256);
 }
 
+// The tiled forward: blocks of 512 threads (the register kernels' bound), 16 rows of a
+// warp each, so a 64-row tile (64 KiB at hidden 1024: two blocks an SM) takes four
+// passes of the block. H100, against the two passes: 5-14% faster at hidden 768 and
+// 1024; at 896 (a quarter of each warp's last chunk idle) rmsnorm 5% faster but
+// layernorm 2% slower, so 896 keeps the two passes (benchmarks/RESULTS.md). Tiles of 32
+// rows were no faster there, of 16 (half sectors of the transposed copy) 1.2-2x slower.
+// Rows of several warps (1152 to 2048, 32-row tiles) gained 0-7%, lost 5% for layernorm
+// at 1536, and made racecheck report hazards between a tile slot's write and its read
+// across the block's barrier (the kind it reported beside the row groups' named barriers
+// before: benchmarks/RESULTS.md, sixteenth session), so they keep the two passes, as
+// longer rows (fewer blocks an SM beside the tile: slower) and shorter ones (no gain) do.
+NormFwdTileShape norm_fwd_tile_shape(int64_t hidden) {
+  NormFwdTileShape tile;
+  if (hidden < kNormFwdTiledMinHidden || hidden > kNormFwdTiledMaxHidden || hidden % 256 != 0) return tile;
+  tile.rows = norm_fwd_row_shape(hidden);
+  tile.rows.rows_per_block = kNormMaxBlockThreads / tile.rows.threads_per_row;
+  tile.hidden = hidden;
+  tile.tile_rows = kNormFwdTileRows;
+  return tile;
+}
+
 // Backward: 16 elements a thread: x hat and dz * gamma live across the row's
 // reduction, next to the dgamma / dbeta accumulators (94-101 registers for
 // LayerNorm, 75-90 for RMSNorm). Blocks of 512 threads, one an SM: the block's

@@ -1,0 +1,376 @@
+// The LayerNorm and RMSNorm forward kernel of the register path (norm_fwd.cu launches
+// it; norm_fwd_tiled.cu its tiled form, both FP8 copies in one pass).
+//
+// A row group (norm_launch.h: a few lanes of a warp for short rows, one warp up to
+// hidden 1024, several warps above) reads its row once into registers as 16-byte
+// vectors, kept in the input dtype, then takes the mean and the variance from the
+// registers (see "Statistics") and writes y. Sums are shuffles inside a warp, plus
+// one barrier of the group's warps alone for multi-warp rows.
+// gamma and beta are read from global memory where y is formed: every row a
+// thread visits uses the same columns, so after the first row they come from L1
+// (the row loads are marked evict-first to keep them there). A block per row
+// group (a block that has finished frees its SM for the next; striding blocks over
+// one wave was 2-5% slower), except where the kernel takes an amax (an FP8 y, or a
+// float y's), which costs a reduction and an atomic per block (per row group for rows
+// of several warps): there at most four waves (two for rows shorter than a warp), and
+// at least two row groups a block (see norm_fwd_cuda).
+//
+// The tiled form (kTiled, norm_fwd_tiled.cu) walks tiles of consecutive rows instead:
+// the row groups normalize a tile's rows in turn, the FP8 bytes of each go to the
+// row-wise copy and to the tile in shared memory, and behind a barrier the block
+// writes the tile's transpose (tile_slot, store_tile_transposed).
+//
+// Statistics (LayerNorm): one reduction of a pair, the sums of d = x - pivot and
+// of d^2, where the pivot is the mean of the row's first 8 elements (a shuffle from
+// the group's first lane, or a broadcast load for rows of several warps; past the
+// row's end the elements count as 0): mu = pivot + sum(d) / n, variance = sum(d^2) / n - (sum(d) / n)^2. The two
+// passes of the CPU reference (a mean, then the squares about it) took two
+// reductions a row, and rows of several warps wait at a barrier in each. The
+// shift keeps the sums small where the row's mean is far from zero: a mean summed
+// in fp32 is off by about |mean| * 1e-7 (1e-4 at a mean of 1000 with a spread of 1,
+// 1000x torch's Welford mean). Where the pivot lies more than a standard deviation
+// from the mean (an outlier among the first elements; about 0.5% of Gaussian rows)
+// the subtraction would cost the variance its low bits, and those rows sum the
+// squares about mu again in a second reduction. Tried instead (sixth session): a
+// Welford / Chan merge in every shuffle step (6-25% slower on an H100), and the two
+// passes with a correction of the mean by the deviations' sum (1-6% slower).
+//
+// What limits the speed is how many rows are in flight on an SM, which registers
+// and shared memory bound. Hence the row held in its dtype, no shared memory for
+// the weights (staged as fp32 they took 128 KiB a block at hidden 16384, one
+// block an SM), and at most 64 registers (two 512-thread blocks an SM) for the
+// vectorized kernels. On an H100 this took the layernorm forward at hidden 16384
+// from 58% to 78% of copy bandwidth, and rmsnorm to 84-89% from hidden 4096 up
+// (benchmarks/RESULTS.md). Past that, an ncu profile on an H200 (seventh session)
+// found the layernorm forward bound by instruction issue (a warp instruction issued
+// in 71-76% of cycles, DRAM at 53%): the weights' dtype switch and zero_centered_gamma
+// now leave the chunk loop (see "y" below), bf16 converts in one instruction
+// (element_as_float), and padded chunks skip their sums; 21-29% fewer instructions,
+// 15-26% faster there.
+//
+// Rows that are not 16-byte vectors (hidden % 8 != 0, or a misaligned view) take
+// the same kernel element by element, with the output dtype read at run time: one
+// instantiation per input dtype for that rarer case. Rows too long for registers
+// go to norm_fallback.cu.
+#pragma once
+
+#include <type_traits>
+
+#include "common/cuda_dependent_launch.cuh"
+#include "common/dtype.h"
+#include "ops/norm/norm_kernels_common.cuh"
+#include "ops/norm/norm_launch.h"
+#include "ops/quantize/cast_transpose.cuh"
+
+namespace opente {
+namespace norm_kernels {
+
+// y to columns [col, col + 8) of output row `r` (and of the FP8 transposed output).
+// Element-wise (!kVectorized): in the dtype p.out_dtype, kOut unused.
+template <bool kVectorized, te_dtype kOut>
+__device__ __forceinline__ void store_y(const NormFwdParams& p, int64_t r, int col, int hidden, bool fp8,
+                                        const float (&y)[kChunk]) {
+  if constexpr (!kVectorized) {
+    if (p.output) {
+      const int64_t row = r * p.hidden;
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) {
+        if (col + i < hidden) store_element_as(p.output, row + col + i, p.out_dtype, y[i]);
+      }
+    }
+  } else if (p.output) {
+    using Out = typename Stored<kOut>::type;
+    store_chunk<kVectorized, kOut>(static_cast<Out*>(p.output) + r * p.hidden, col, hidden, y);
+  }
+  if (fp8 && p.output_t) {  // [hidden, rows], a column-wise copy alone the tiled form does not take: byte stores a row apart
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) {
+      if (col + i < hidden) {
+        const int64_t at = int64_t(col + i) * p.rows + r;
+        if constexpr (!kVectorized) {
+          store_element_as(p.output_t, at, p.out_dtype, y[i]);
+        } else if constexpr (kIsFp8<kOut>) {
+          store_element<kOut>(p.output_t, at, y[i]);
+        }
+      }
+    }
+  }
+}
+
+// The mean of the row's first min(8, hidden) elements: the shift of LayerNorm's
+// sums (see "Statistics") for rows of several warps. Every thread of the group reads
+// the same bytes (one broadcast load, from L1 or L2: the group's first thread is
+// loading them too).
+template <class In, bool kVectorized>
+__device__ __forceinline__ float row_pivot(const In* row, int hidden) {
+  if constexpr (kVectorized) {  // hidden % 8 == 0 and the row 16-byte aligned
+    const Vec8<In> head = *reinterpret_cast<const Vec8<In>*>(row);
+    float v[kChunk];
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) v[i] = to_float(head.v[i]);
+    return chunk_sum(v) * (1.0f / kChunk);
+  } else {
+    const int n = hidden < kChunk ? hidden : kChunk;
+    float sum = 0.0f;
+    for (int i = 0; i < n; ++i) sum += to_float(row[i]);
+    return sum / float(n);
+  }
+}
+
+// The tiled kernel's shared-memory tile (kTiled): tile_rows rows of hidden FP8 bytes,
+// as 8-byte slots, row r's slot s at r * slots + (s ^ swizzle), where the swizzle is
+// the row's 8-row block times 128 / tile_rows (below 16; hidden % 128 == 0 keeps the
+// slot in its row). A row group writes its row's consecutive slots (distinct banks);
+// the transposing threads read one slot of 8 consecutive rows each, the tile's row
+// blocks fastest across a half-warp: 128 / tile_rows neighbouring slots times
+// tile_rows / 8 row blocks, which the swizzle spreads over 16 distinct slots (one
+// shared-memory wavefront).
+__device__ __forceinline__ int tile_slot(int r, int slot, int slots, int tile_rows) {
+  return r * slots + (slot ^ ((r / 8) * (128 / tile_rows) % 16));
+}
+
+// The tile's transpose to out_t [hidden, rows] at column tile_first: each thread takes
+// 8x8 byte blocks (8 rows of one slot), transposes them with byte permutes
+// (cast_transpose.cuh) and stores each column's 8 bytes. Lanes take the tile's row
+// blocks fastest, so each store instruction writes the tile_rows bytes of a column
+// whole (with rows % 8 == 0, an 8-row block is all in the matrix or all past it).
+// The caller's barrier lies between the tile's writes and this.
+__device__ __forceinline__ void store_tile_transposed(const uint2* tile, uint8_t* out_t, int64_t tile_first,
+                                                      int64_t rows, int hidden, int tile_rows) {
+  const int row_blocks = tile_rows / 8, slots = hidden / 8;
+  for (int b = int(threadIdx.x); b < row_blocks * slots; b += int(blockDim.x)) {
+    const int row_block = b % row_blocks, slot = b / row_blocks;
+    const int64_t r0 = tile_first + row_block * 8;
+    if (r0 >= rows) continue;
+    uint32_t lo[8], hi[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const uint2 v = tile[tile_slot(row_block * 8 + k, slot, slots, tile_rows)];
+      lo[k] = v.x;
+      hi[k] = v.y;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      *reinterpret_cast<uint2*>(out_t + int64_t(slot * 8 + j) * rows + r0) = byte_block_column(lo, hi, j);
+    }
+  }
+}
+
+// kChunks: the shape's bucket (8-element chunks a thread holds). kVectorized: see
+// RowShare; it also requires gamma and beta 16-byte aligned, and the row-wise
+// output 16-byte (FP8: 8-byte) aligned. kOut: the output dtype of the vectorized
+// instantiations; the element-wise ones read p.out_dtype instead (one
+// instantiation per input dtype for that rarer case; the dispatch passes kIn as
+// kOut there). kFloatAmax: a vectorized float y in the input's dtype that also
+// raises p.amax to max|y| as stored (a current-scaling cast of y follows from it:
+// module_ops.FusedAmax); its own instantiations, so the plain float-y kernels carry
+// no amax instructions (their PTX is the same as before it existed); the element-wise
+// kernels test p.amax at run time. The register cap of 64 (two blocks an SM) is for
+// 16-bit inputs: an fp32 row takes twice the registers, and the element-wise kernels'
+// bounds and dtype switches more; capped, both spilled (ptxas, sm_90a).
+template <te_dtype kIn, te_dtype kOut, int kChunks, bool kLayerNorm, bool kVectorized, bool kFloatAmax = false,
+          bool kTiled = false>
+__global__ void __launch_bounds__(kNormMaxBlockThreads, kVectorized && kIn != TE_DTYPE_FLOAT32 ? 2 : 1)
+    norm_fwd_rows_kernel(NormFwdParams p, int threads_per_row, int rows_per_block, int tile_rows) {
+  using In = typename CudaType<kIn>::type;
+  constexpr bool kMaybeFp8 = !kVectorized || kIsFp8<kOut>;
+  constexpr bool kMaybeAmax = kMaybeFp8 || kFloatAmax;
+  static_assert(!kFloatAmax || (kVectorized && kOut == kIn), "kFloatAmax: a vectorized y in the input's dtype");
+  static_assert(!kTiled || (kVectorized && kIsFp8<kOut>), "kTiled: a vectorized FP8 y");
+  extern __shared__ uint2 transpose_tile[];  // kTiled: tile_slot's layout, tile_rows * hidden bytes
+  if constexpr (kMaybeFp8) allow_dependent_launch();  // the transposed copy's kernel (norm_fwd_cuda)
+  const bool fp8 = kVectorized ? kIsFp8<kOut> : is_fp8_dtype(p.out_dtype);
+  // max|y| is taken for an FP8 y (before scaling) and where a float y's amax is asked for
+  const bool takes_amax = kVectorized ? kIsFp8<kOut> || kFloatAmax : fp8 || p.amax != nullptr;
+  __shared__ float scratch[2 * kNormMaxBlockWarps];
+  __shared__ float2 pair_scratch[kLayerNorm ? 2 * kNormMaxBlockWarps : 1];
+  const RowGroup group(threads_per_row);
+  const int hidden = int(p.hidden);  // <= kNormFwdMaxRegisterHidden
+  RowReduction<float> reduction(scratch, group);
+  RowReduction<float2> pair_reduction(pair_scratch, group);  // LayerNorm's statistics
+  const float scale = fp8 ? *p.scale : 1.0f;
+  float amax = 0.0f;
+
+  // Normalizes the block's row groups from row `first` on. Every warp of the block
+  // calls it the same number of times, so every warp joins every shuffle; a group past
+  // the last row computes on zeros and writes nothing. tile_first: the tile's first
+  // row (kTiled).
+  auto normalize_rows = [&](int64_t first, [[maybe_unused]] int64_t tile_first) {
+    const int64_t r = first + group.index;
+    const bool active = r < p.rows;
+    RowShare<In, kChunks, kVectorized> x;
+    x.template load</*kEvictFirst=*/true>(static_cast<const In*>(p.input) + r * p.hidden, group, active ? hidden : 0);
+
+    float mu = 0.0f, variance;  // RMSNorm: no centering, the mean square
+    if constexpr (kLayerNorm) {
+      // One reduction of the deviations from the pivot and their squares (see "Statistics").
+      float pivot;
+      if (group.threads <= 32) {
+        // The group's first thread holds the row's first chunk: a shuffle, not a load,
+        // for rows of one warp or less (whose critical path the load lengthened by 1-2%).
+        float head[kChunk];
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) head[i] = x.at(0, i);
+        pivot = __shfl_sync(0xffffffffu, chunk_sum(head) * (1.0f / kChunk), 0, group.threads);
+      } else {
+        const In* row = static_cast<const In*>(p.input) + r * p.hidden;
+        pivot = active ? row_pivot<In, kVectorized>(row, hidden) : 0.0f;
+      }
+      float sum_d = 0.0f, sum_sq = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        const int col = group.column(j);
+        float dev[kChunk], sq[kChunk];
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) {
+          const float d = x.at(j, i) - pivot;
+          // vectorized: a chunk is all in the row or all past it, tested once below
+          dev[i] = kVectorized || in_row<kVectorized>(col, i, hidden) ? d : 0.0f;
+          sq[i] = dev[i] * dev[i];
+        }
+        if (!kVectorized || col < hidden) {
+          sum_d += chunk_sum(dev);
+          sum_sq += chunk_sum(sq);
+        }
+      }
+      const float2 sums = pair_reduction.sum(make_float2(sum_d, sum_sq));
+      const float shift = sums.x / float(hidden);  // mean - pivot
+      mu = pivot + shift;
+      variance = sums.y / float(hidden) - shift * shift;
+      // A pivot more than a standard deviation off the mean (an outlier among the row's
+      // first elements) would cost the variance its low bits: such rows sum the squares
+      // about mu again. Warp-uniform, as the sum's full-warp shuffles need (rows of up to
+      // 512 elements share a warp); every thread of a multi-warp group agrees already.
+      const bool far = shift * shift > variance;
+      if (__any_sync(0xffffffffu, far)) {
+        float again = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kChunks; ++j) {
+          const int col = group.column(j);
+          float sq[kChunk];
+#pragma unroll
+          for (int i = 0; i < kChunk; ++i) {
+            const float d = x.at(j, i) - mu;
+            sq[i] = in_row<kVectorized>(col, i, hidden) ? d * d : 0.0f;
+          }
+          again += chunk_sum(sq);
+        }
+        again = reduction.sum(again) / float(hidden);
+        if (far) variance = again;
+      }
+      if (variance < 0.0f) variance = 0.0f;  // rounding; a NaN row stays NaN (fmaxf would drop it)
+    } else {
+      float sum_sq = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        float sq[kChunk];
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) sq[i] = x.at(j, i) * x.at(j, i);  // 0 past the row
+        sum_sq += chunk_sum(sq);
+      }
+      variance = reduction.sum(sum_sq) / float(hidden);
+    }
+    const float rsigma = 1.0f / sqrtf(variance + p.eps);
+    x.convert_again_later();
+    if (!active) return;  // the group's last shuffle or barrier of this row is behind
+    if (group.thread == 0) {
+      if constexpr (kLayerNorm) p.mu[r] = mu;
+      p.rsigma[r] = rsigma;
+    }
+
+    // y. Vectorized rows take the weights' dtype and zero_centered_gamma as template
+    // arguments: one switch a row rather than one a chunk, and no "+ 0" where gamma
+    // is not shifted (the compiler must keep x + 0.0f: it turns -0 into +0). An ncu
+    // profile on an H200 had this kernel issuing instructions in 76% of its cycles.
+    // Element-wise rows read the weights' dtype at run time (their six typed copies
+    // spilled hundreds of bytes).
+    auto write_y = [&](const auto& weights) {
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        const int col = group.column(j);
+        if (kVectorized && col >= hidden) continue;  // a chunk past the row: nothing to write
+        float y[kChunk], gamma[kChunk];
+        [[maybe_unused]] float beta[kChunk];  // LayerNorm's
+        weights.load_gamma(col, hidden, gamma);
+        if constexpr (kLayerNorm) weights.load_beta(col, hidden, beta);
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) {
+          y[i] = (x.at(j, i) - mu) * rsigma * gamma[i];  // the CPU reference's order: xhat, then * g
+          if constexpr (kLayerNorm) y[i] += beta[i];
+          // past the row (element-wise kernels) y is 0, or NaN where rsigma is inf, which
+          // fmaxf ignores
+          if constexpr (kMaybeAmax) {
+            if (takes_amax) amax = fmaxf(amax, fabsf(y[i]));
+          }
+          if constexpr (kMaybeFp8) {
+            if (fp8) y[i] *= scale;
+          }
+        }
+        if constexpr (kTiled) {  // the row-wise copy (if asked for) and the tile's slot
+          const uint2 bytes = fp8_chunk<kOut>(y);
+          if (p.output) *reinterpret_cast<uint2*>(static_cast<uint8_t*>(p.output) + r * p.hidden + col) = bytes;
+          transpose_tile[tile_slot(int(r - tile_first), col / kChunk, hidden / kChunk, tile_rows)] = bytes;
+        } else {
+          store_y<kVectorized, kOut>(p, r, col, hidden, fp8, y);
+        }
+      }
+    };
+    if constexpr (kVectorized) {
+      with_weight_dtype(p.w_dtype, [&](auto weight_tag) {
+        using W = typename CudaType<decltype(weight_tag)::value>::type;
+        if (p.zero_centered_gamma) {
+          write_y(TypedWeights<W, true>(p.gamma, p.beta));
+        } else {
+          write_y(TypedWeights<W, false>(p.gamma, p.beta));
+        }
+      });
+    } else {
+      write_y(RuntimeWeights(p.gamma, p.beta, p.w_dtype, p.zero_centered_gamma));
+    }
+  };
+  if constexpr (kTiled) {
+    // a tile's rows, then (behind a barrier) its transpose; the second barrier keeps
+    // the next tile's rows from overwriting slots still being read
+    const int64_t tiles = (p.rows + tile_rows - 1) / tile_rows;
+    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      const int64_t tile_first = tile * tile_rows;
+      for (int sub = 0; sub < tile_rows; sub += rows_per_block) normalize_rows(tile_first + sub, tile_first);
+      __syncthreads();
+      store_tile_transposed(transpose_tile, static_cast<uint8_t*>(p.output_t), tile_first, p.rows, hidden,
+                            tile_rows);
+      __syncthreads();
+    }
+  } else {
+    for (int64_t first = int64_t(blockIdx.x) * rows_per_block; first < p.rows;
+         first += int64_t(gridDim.x) * rows_per_block) {
+      normalize_rows(first, 0);
+    }
+  }
+
+  if constexpr (kMaybeAmax) {
+    // FP8: max|y| before scaling. A float y: of y as stored (rounded_as: the rounded max
+    // is the max of the rounded values), what te_compute_amax of the output would give.
+    if (!fp8) amax = rounded_as(p.out_dtype, amax);
+    if (takes_amax) {
+      // Rows of several warps fold their amax group by group; shorter rows' groups share
+      // warps, and one atomic a block was faster there than one a warp (RESULTS.md,
+      // twelfth session). Folded over the whole block, rows of several warps made
+      // compute-sanitizer's racecheck report a hazard between a group's slot write and
+      // thread 0's read behind __syncthreads (H100, hidden 4096, two groups a block, only
+      // in a long test run; no cause found): group by group the slots are only read by
+      // warps that passed the group's own barrier with the writers, and racecheck is
+      // clean; the time was the same at hidden 2048-8192.
+      if (p.amax) {
+        if (group.threads > 32) {
+          group_amax_to_global(amax, p.amax, group);
+        } else {
+          block_amax_to_global(amax, p.amax);
+        }
+      }
+    }
+    if (fp8 && p.scale_inv && blockIdx.x == 0 && threadIdx.x == 0) *p.scale_inv = 1.0f / scale;
+  }
+}
+
+}  // namespace norm_kernels
+}  // namespace opente

@@ -1,0 +1,54 @@
+// Both FP8 copies of the norm forward in one pass: the register kernel
+// (norm_fwd_kernel.cuh) in its tiled form. A block normalizes a tile of consecutive
+// rows with the forward's row groups, writes their row-wise FP8 bytes and keeps them
+// in shared memory, then writes the tile's transpose from there, so the input is read
+// once and neither copy is read back. The two passes it replaces (the row kernel, then
+// the byte transpose reading the row-wise copy again) move 2 + 1 + 1 + 1 bytes an
+// element where this moves 2 + 1 + 1.
+#include <algorithm>
+
+#include "common/cuda_utils.h"
+#include "common/dtype.h"
+#include "ops/norm/norm_fwd_kernel.cuh"
+#include "ops/norm/norm_launch.h"
+
+namespace opente {
+
+using norm_kernels::norm_fwd_rows_kernel;
+
+bool norm_fwd_tiled_takes(const NormFwdParams& p) {
+  // 8-byte pieces of the transposed copy: rows % 8 == 0, both outputs 8-byte aligned;
+  // 16-byte vectors of the row (hidden 768 or 1024 by norm_fwd_tile_shape)
+  return p.output_t && is_fp8(p.out_dtype) && p.rows > 0 && p.rows % 8 == 0 &&
+         norm_fwd_tile_shape(p.hidden).taken() && is_aligned(p.input, 16) && is_aligned(p.gamma, 16) &&
+         (p.beta == nullptr || is_aligned(p.beta, 16)) && (p.output == nullptr || is_aligned(p.output, 8)) &&
+         is_aligned(p.output_t, 8);
+}
+
+void norm_fwd_tiled_cuda(const NormFwdParams& p, int device, void* stream) {
+  DeviceGuard guard(device);
+  const NormFwdTileShape tile = norm_fwd_tile_shape(p.hidden);
+  auto launch = [&](auto kernel) {
+    // the kernel takes an amax (four waves at most, as norm_fwd_cuda's), and a block
+    // at least a tile
+    const int64_t tiles = (p.rows + tile.tile_rows - 1) / tile.tile_rows;
+    const int64_t grid = std::min(tiles, norm_resident_grid(reinterpret_cast<const void*>(kernel), tile.rows,
+                                                            tile.smem_bytes(), p.rows, device, kReducingKernelWaves));
+    kernel<<<unsigned(grid), unsigned(tile.rows.block_threads()), tile.smem_bytes(), as_stream(stream)>>>(
+        p, tile.rows.threads_per_row, tile.rows.rows_per_block, tile.tile_rows);
+    check_launch("norm_fwd_rows_kernel (tiled)");
+  };
+  // the tiled rows all hold kNormFwdChunks (hidden > 512)
+  dispatch_float_dtype(p.in_dtype, [&](auto in_tag) {
+    dispatch_fp8_dtype(p.out_dtype, [&](auto out_tag) {
+      constexpr te_dtype kIn = decltype(in_tag)::value, kOut = decltype(out_tag)::value;
+      if (p.type == NormType::kLayerNorm) {
+        launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdChunks, true, true, false, true>);
+      } else {
+        launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdChunks, false, true, false, true>);
+      }
+    });
+  });
+}
+
+}  // namespace opente
