@@ -1,4 +1,5 @@
-"""Shared fixtures: the device parameter and a per-test seeded generator.
+"""Shared fixtures: the device parameter, a per-test seeded generator, and a fresh FP8
+global state (modules opt in with ``pytestmark = pytest.mark.usefixtures("fresh_fp8_state")``).
 
 Every test that takes `device` runs on "cpu", and on "cuda" only where torch
 sees a GPU *and* the core was built with CUDA kernels; elsewhere the CUDA
@@ -39,3 +40,14 @@ def gen(seed):
     g = torch.Generator()
     g.manual_seed(seed)
     return g
+
+
+@pytest.fixture
+def fresh_fp8_state():
+    """FP8GlobalStateManager reset before and after the test: no autocast depth, recipe,
+    registered scaling states or deferred update leaks from one test into the next."""
+    from transformer_engine.pytorch.fp8 import FP8GlobalStateManager
+
+    FP8GlobalStateManager.reset()
+    yield
+    FP8GlobalStateManager.reset()

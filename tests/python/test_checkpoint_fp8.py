@@ -27,11 +27,8 @@ SEQ, BATCH = 16, 2
 RECIPES = {"delayed": lambda: DelayedScaling(amax_history_len=4), "current": Float8CurrentScaling}
 
 
-@pytest.fixture(autouse=True)
-def fresh_fp8_state():
-    FP8GlobalStateManager.reset()
-    yield
-    FP8GlobalStateManager.reset()
+# FP8GlobalStateManager reset before and after each test (conftest.py)
+pytestmark = pytest.mark.usefixtures("fresh_fp8_state")
 
 
 class Stack(torch.nn.Module):

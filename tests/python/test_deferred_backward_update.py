@@ -16,11 +16,8 @@ from transformer_engine.pytorch.fp8 import DelayedScalingState, FP8GlobalStateMa
 manager = FP8GlobalStateManager
 
 
-@pytest.fixture(autouse=True)
-def fresh_state():
-    manager.reset()
-    yield
-    manager.reset()
+# FP8GlobalStateManager reset before and after each test (conftest.py)
+pytestmark = pytest.mark.usefixtures("fresh_fp8_state")
 
 
 @pytest.fixture

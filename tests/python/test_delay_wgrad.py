@@ -13,7 +13,6 @@ from conftest import requires_cuda
 
 import transformer_engine.pytorch as te
 from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling
-from transformer_engine.pytorch.fp8 import FP8GlobalStateManager
 
 DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
 # name: (params dtype, FP8 recipe or None)
@@ -27,11 +26,8 @@ HIDDEN, OUT, FFN = 64, 48, 96
 WEIGHTS = {"Linear": ["weight"], "LayerNormLinear": ["weight"], "LayerNormMLP": ["fc1_weight", "fc2_weight"]}
 
 
-@pytest.fixture(autouse=True)
-def fresh_fp8_state():
-    FP8GlobalStateManager.reset()
-    yield
-    FP8GlobalStateManager.reset()
+# FP8GlobalStateManager reset before and after each test (conftest.py)
+pytestmark = pytest.mark.usefixtures("fresh_fp8_state")
 
 
 def build(kind, device, dtype, seed=11, **kw):

@@ -34,11 +34,8 @@ HALF_SUBNORMAL = {DType.kFloat8E4M3: 2.0**-10, DType.kFloat8E5M2: 2.0**-17}
 REF_REL = 2.0**-8
 
 
-@pytest.fixture(autouse=True)
-def fresh_fp8_state():
-    FP8GlobalStateManager.reset()
-    yield
-    FP8GlobalStateManager.reset()
+# FP8GlobalStateManager reset before and after each test (conftest.py)
+pytestmark = pytest.mark.usefixtures("fresh_fp8_state")
 
 
 def make(cls, device, dtype, bias=True, **kwargs):

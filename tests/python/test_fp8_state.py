@@ -21,11 +21,8 @@ from transformer_engine.pytorch.fp8 import (
 DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
 
 
-@pytest.fixture(autouse=True)
-def fresh_state():
-    FP8GlobalStateManager.reset()
-    yield
-    FP8GlobalStateManager.reset()
+# FP8GlobalStateManager reset before and after each test (conftest.py)
+pytestmark = pytest.mark.usefixtures("fresh_fp8_state")
 
 
 def test_autocast_sets_and_restores_state():

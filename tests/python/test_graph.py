@@ -12,17 +12,13 @@ from conftest import requires_cuda
 import transformer_engine.pytorch as te
 from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling, Format
 from transformer_engine.pytorch.cpp_extensions import module_ops
-from transformer_engine.pytorch.fp8 import FP8GlobalStateManager
 
 RECIPES = {"no_fp8": None, "delayed": DelayedScaling(fp8_format=Format.HYBRID, amax_history_len=4),
            "current": Float8CurrentScaling()}
 
 
-@pytest.fixture(autouse=True)
-def fresh_fp8_state():
-    FP8GlobalStateManager.reset()
-    yield
-    FP8GlobalStateManager.reset()
+# FP8GlobalStateManager reset before and after each test (conftest.py)
+pytestmark = pytest.mark.usefixtures("fresh_fp8_state")
 
 
 def needs_fp8(recipe):

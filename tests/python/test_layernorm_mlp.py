@@ -8,7 +8,6 @@ from conftest import requires_cuda
 
 import transformer_engine.pytorch as te
 from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling
-from transformer_engine.pytorch.fp8 import FP8GlobalStateManager
 
 DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
 TORCH_ACT = {
@@ -21,11 +20,8 @@ TORCH_ACT = {
 GATED = {"geglu": "gelu", "qgeglu": "qgelu", "reglu": "relu", "sreglu": "srelu", "swiglu": "silu"}
 
 
-@pytest.fixture(autouse=True)
-def fresh_fp8_state():
-    FP8GlobalStateManager.reset()
-    yield
-    FP8GlobalStateManager.reset()
+# FP8GlobalStateManager reset before and after each test (conftest.py)
+pytestmark = pytest.mark.usefixtures("fresh_fp8_state")
 
 
 def torch_activation(name, h):

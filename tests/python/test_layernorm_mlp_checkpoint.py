@@ -18,11 +18,8 @@ RECIPES = {"bf16": None, "delayed": lambda: DelayedScaling(amax_history_len=4),
            "current": lambda: Float8CurrentScaling()}
 
 
-@pytest.fixture(autouse=True)
-def fresh_fp8_state():
-    FP8GlobalStateManager.reset()
-    yield
-    FP8GlobalStateManager.reset()
+# FP8GlobalStateManager reset before and after each test (conftest.py)
+pytestmark = pytest.mark.usefixtures("fresh_fp8_state")
 
 
 def pair(device, **kwargs):

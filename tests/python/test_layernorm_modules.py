@@ -8,17 +8,13 @@ from conftest import requires_cuda
 
 import transformer_engine.pytorch as te
 from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling
-from transformer_engine.pytorch.fp8 import FP8GlobalStateManager
 
 DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
 TOLS = {torch.float32: dict(rtol=1.3e-6, atol=1e-5), torch.bfloat16: dict(rtol=1.6e-2, atol=1e-5)}
 
 
-@pytest.fixture(autouse=True)
-def fresh_fp8_state():
-    FP8GlobalStateManager.reset()
-    yield
-    FP8GlobalStateManager.reset()
+# FP8GlobalStateManager reset before and after each test (conftest.py)
+pytestmark = pytest.mark.usefixtures("fresh_fp8_state")
 
 
 def ref_norm(normalization, x, weight, bias, eps, zero_centered_gamma):

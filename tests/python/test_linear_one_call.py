@@ -11,18 +11,14 @@ from conftest import requires_cuda
 import transformer_engine.pytorch as te
 from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling
 from transformer_engine.pytorch.cpp_extensions import linear_step
-from transformer_engine.pytorch.fp8 import FP8GlobalStateManager
 from transformer_engine.pytorch.module import linear as linear_module
 
 DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
 RECIPES = {"delayed": lambda: DelayedScaling(amax_history_len=3), "current": Float8CurrentScaling}
 
 
-@pytest.fixture(autouse=True)
-def fresh_fp8_state():
-    FP8GlobalStateManager.reset()
-    yield
-    FP8GlobalStateManager.reset()
+# FP8GlobalStateManager reset before and after each test (conftest.py)
+pytestmark = pytest.mark.usefixtures("fresh_fp8_state")
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from conftest import requires_cuda
 
 import transformer_engine.pytorch as te
 from transformer_engine.common.recipe import DelayedScaling
-from transformer_engine.pytorch.fp8 import FP8GlobalStateManager
 
 DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
 
@@ -41,11 +40,8 @@ MODULES = {
 }
 
 
-@pytest.fixture(autouse=True)
-def fresh_fp8_state():
-    FP8GlobalStateManager.reset()
-    yield
-    FP8GlobalStateManager.reset()
+# FP8GlobalStateManager reset before and after each test (conftest.py)
+pytestmark = pytest.mark.usefixtures("fresh_fp8_state")
 
 
 def materialize(module, device, seed):

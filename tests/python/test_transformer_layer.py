@@ -24,18 +24,14 @@ from transformer_reference import AttnConfig, LayerConfig, params64, transformer
 
 import transformer_engine.pytorch as te
 from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling
-from transformer_engine.pytorch.fp8 import FP8GlobalStateManager
 from transformer_engine.pytorch.transformer import DropPath
 
 TOL = dict(atol=2e-5, rtol=2e-5)
 HIDDEN, FFN, HEADS = 32, 64, 4
 
 
-@pytest.fixture(autouse=True)
-def fresh_fp8_state():
-    FP8GlobalStateManager.reset()
-    yield
-    FP8GlobalStateManager.reset()
+# FP8GlobalStateManager reset before and after each test (conftest.py)
+pytestmark = pytest.mark.usefixtures("fresh_fp8_state")
 
 
 def randomize(module: torch.nn.Module, seed: int) -> None:
