@@ -23,7 +23,17 @@
 //
 // Partial sums and the finalize are norm_bwd.cu's: block b writes partials[b] =
 // [sum dz * xhat, sum dz] over its rows, or, a grid of one block, dgamma / dbeta.
+// LayerNorm's blocks on sm_90 mostly run in pairs (thread block clusters,
+// cluster_blocks_for) that add their sums in distributed shared memory first, so pair
+// c writes partials[c]: the partial rows are written to the L2, read back by the
+// finalize and in the end written to DRAM, 2 * hidden floats a block, which with a
+// block a row at a time was 4-6% of the rows' traffic (hidden 5120: 396 blocks, 16 MiB).
+#include <cooperative_groups.h>
+
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <type_traits>
 
 #include "common/cuda_dependent_launch.cuh"
@@ -49,7 +59,7 @@ constexpr int kChunks = kNormBwdPipelinedChunks;
 
 template <te_dtype kIn, bool kLayerNorm>
 __global__ void __launch_bounds__(kNormBwdPipelinedMaxThreads)
-    norm_bwd_pipelined_kernel(NormBwdParams p, float* partials) {
+    norm_bwd_pipelined_kernel(NormBwdParams p, float* partials, int cluster_blocks) {
   using In = typename CudaType<kIn>::type;
   using Share = RowShare<In, kChunks, true>;
   static_assert(Share::kWordsPerChunk == 1, "16-bit rows: a chunk is one 16-byte word");
@@ -137,6 +147,51 @@ __global__ void __launch_bounds__(kNormBwdPipelinedMaxThreads)
   }
   wait_all_async_copies();  // the zero-filled copies past the last row
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (cluster_blocks > 1) {
+    // The block's sums into its shared memory as [kColumnSums][hidden] (the stages are
+    // free once every thread is past its last staged read: 128 bytes a thread hold the
+    // 8 bytes a column needs), then the cluster's blocks add them, each a share of the
+    // columns, in rank order, into the cluster's partial row.
+    constexpr int kColumnSums = kLayerNorm ? 2 : 1;
+    __syncthreads();
+    float* block_sums = reinterpret_cast<float*>(stages);
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int col = group.column(j);
+      if (col >= hidden) continue;
+#pragma unroll
+      for (int k = 0; k < kColumnSums; ++k) {
+        const float(&sums)[kChunk] = k == 0 ? dgamma[j] : dbeta[kLayerNorm ? j : 0];
+        float4* at = reinterpret_cast<float4*>(block_sums + k * hidden + col);
+        at[0] = make_float4(sums[0], sums[1], sums[2], sums[3]);
+        at[1] = make_float4(sums[4], sums[5], sums[6], sums[7]);
+      }
+    }
+    namespace cg = cooperative_groups;
+    const cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every block's sums written, and visible across the cluster
+    const int rank = int(cluster.block_rank());
+    float* out = partials + int64_t(blockIdx.x / cluster_blocks) * 2 * hidden;
+    const bool vector_out = reinterpret_cast<uintptr_t>(partials) % 16 == 0;
+    const int quads = kColumnSums * hidden / 4;  // hidden % 8 == 0
+    for (int q = rank * int(blockDim.x) + int(threadIdx.x); q < quads; q += cluster_blocks * int(blockDim.x)) {
+      float4 sum = reinterpret_cast<const float4*>(cluster.map_shared_rank(block_sums, 0))[q];
+      for (int b = 1; b < cluster_blocks; ++b) {
+        const float4 v = reinterpret_cast<const float4*>(cluster.map_shared_rank(block_sums, b))[q];
+        sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+      }
+      if (vector_out) {
+        reinterpret_cast<float4*>(out)[q] = sum;
+      } else {
+        out[4 * q] = sum.x, out[4 * q + 1] = sum.y, out[4 * q + 2] = sum.z, out[4 * q + 3] = sum.w;
+      }
+    }
+    cluster.sync();  // no block leaves (freeing its shared memory) while another reads it
+    return;
+  }
+#endif
+
   // This thread's columns of the block's partial row [2, hidden] (RMSNorm writes the
   // first half); a grid of one block writes dgamma / dbeta itself, rounded once, as the
   // finalize rounds a sum of one partial row.
@@ -168,6 +223,61 @@ __global__ void __launch_bounds__(kNormBwdPipelinedMaxThreads)
   }
 }
 
+// A launch of `grid` blocks of `threads` in clusters of `blocks`; `attribute` holds the
+// cluster shape the config points to.
+cudaLaunchConfig_t cluster_launch_config(int64_t grid, int threads, size_t smem, cudaStream_t stream, int blocks,
+                                         cudaLaunchAttribute& attribute) {
+  attribute = cudaLaunchAttribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = unsigned(blocks), attribute.val.clusterDim.y = 1, attribute.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(grid));
+  config.blockDim = dim3(unsigned(threads));
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return config;
+}
+
+// How many of `kernel`'s blocks of `threads` threads and `smem` bytes of dynamic shared
+// memory can run at once as clusters of `blocks` (cached: a host query, not free).
+int max_active_clusters(const void* kernel, int threads, size_t smem, int blocks, int device) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, int, size_t, int>, int> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(device, kernel, threads, smem, blocks);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config = cluster_launch_config(blocks, threads, smem, nullptr, blocks, attribute);
+  int clusters = 0;
+  cuda_check(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config), "cudaOccupancyMaxActiveClusters(norm)");
+  cache.emplace(key, clusters);
+  return clusters;
+}
+
+// Blocks a cluster: 2 (pairs) for LayerNorm where the partial rows weigh: at most
+// kClusterMaxRowsPerBlock rows a block (then the blocks' [2, hidden] partial rows, written,
+// read back and written to DRAM, are 4% of the rows' traffic or more), the pairs still fit
+// the one wave norm_resident_grid sized the grid to, and keep two or more partial rows (a
+// grid of one cluster would have to write dgamma itself). 1 (no clusters) otherwise, and
+// before sm_90. H100, against no clusters (benchmarks/RESULTS.md): layernorm 2048 x 16384
+// 100.0 -> 95.1 us, 4096 x 12288 134.2 -> 129.6, 4096 x 16384 167.0 -> 161.7, 8192 x 8192
+// 159.5 -> 155.9, 8192 x 5120 106.3 -> 105.1; with more rows a block 0.5-1.4% either way
+// (32768 x 5120, 83 rows a block: 365 -> 367-370), and rmsnorm (one partial sum a column)
+// gained nothing anywhere (within 1% either way). Clusters of 4 did not fit the wave (the
+// cluster occupancy query gave fewer than a quarter of the resident blocks).
+constexpr int64_t kClusterMaxRowsPerBlock = 32;
+int cluster_blocks_for(const void* kernel, int threads, size_t smem, int64_t grid, int64_t rows, bool layernorm,
+                       int device) {
+  constexpr int kBlocks = 2;
+  if (compute_capability_major(device) < 9 || !layernorm || rows > kClusterMaxRowsPerBlock * grid) return 1;
+  const int64_t rounded = grid / kBlocks * kBlocks;
+  if (rounded < 2 * kBlocks || (grid - rounded) * 16 > grid) return 1;
+  return int64_t(max_active_clusters(kernel, threads, smem, kBlocks, device)) * kBlocks >= rounded ? kBlocks : 1;
+}
+
 }  // namespace
 
 bool norm_bwd_pipelined_takes(const NormBwdParams& p) {
@@ -181,14 +291,25 @@ int64_t norm_bwd_pipelined_cuda(const NormBwdParams& p, int device, float* parti
   // [2][dz, x][chunks][threads] 16-byte words
   const size_t stages = 2 * 2 * size_t(kChunks) * 16 * size_t(shape.threads_per_row);
   const size_t smem = tile * sizeof(float) + stages;
-  int64_t grid = 0;
+  const bool layernorm = p.type == NormType::kLayerNorm;
+  int64_t slots = 0;
   auto launch = [&](auto kernel) {
     const void* fn = reinterpret_cast<const void*>(kernel);
-    grid = std::min(norm_resident_grid(fn, shape, smem, p.rows, device), kNormMaxRowBlocks);
-    kernel<<<unsigned(grid), unsigned(shape.threads_per_row), smem, as_stream(stream)>>>(p, partials);
-    check_launch("norm_bwd_pipelined_kernel");
+    int64_t grid = std::min(norm_resident_grid(fn, shape, smem, p.rows, device), kNormMaxRowBlocks);
+    const int cluster = cluster_blocks_for(fn, shape.threads_per_row, smem, grid, p.rows, layernorm, device);
+    if (cluster == 1) {
+      kernel<<<unsigned(grid), unsigned(shape.threads_per_row), smem, as_stream(stream)>>>(p, partials, 1);
+      check_launch("norm_bwd_pipelined_kernel");
+      slots = grid;
+      return;
+    }
+    grid = grid / cluster * cluster;  // cluster_blocks_for: at most a sixteenth of the blocks lost
+    cudaLaunchAttribute attribute;
+    const cudaLaunchConfig_t config =
+        cluster_launch_config(grid, shape.threads_per_row, smem, as_stream(stream), cluster, attribute);
+    cuda_check(cudaLaunchKernelEx(&config, kernel, p, partials, cluster), "norm_bwd_pipelined_kernel (clusters)");
+    slots = grid / cluster;
   };
-  const bool layernorm = p.type == NormType::kLayerNorm;
   if (p.in_dtype == TE_DTYPE_BFLOAT16) {
     layernorm ? launch(norm_bwd_pipelined_kernel<TE_DTYPE_BFLOAT16, true>)
               : launch(norm_bwd_pipelined_kernel<TE_DTYPE_BFLOAT16, false>);
@@ -196,7 +317,7 @@ int64_t norm_bwd_pipelined_cuda(const NormBwdParams& p, int device, float* parti
     layernorm ? launch(norm_bwd_pipelined_kernel<TE_DTYPE_FLOAT16, true>)
               : launch(norm_bwd_pipelined_kernel<TE_DTYPE_FLOAT16, false>);
   }
-  return grid;
+  return slots;
 }
 
 }  // namespace opente

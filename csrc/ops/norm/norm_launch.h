@@ -95,8 +95,9 @@ int64_t norm_resident_grid(const void* kernel, const NormRowShape& shape, size_t
 
 // The pipelined backward (norm_bwd_pipelined.cu): whether it takes these rows (16-bit,
 // vectorized, norm_bwd_pipelined_row_shape), and its launch, which writes dx and
-// [grid, 2, hidden] partial sums into `partials` (grid <= kNormMaxRowBlocks, returned),
-// or dgamma / dbeta themselves for a grid of 1.
+// [slots, 2, hidden] partial sums into `partials` (a slot a block, or a pair of blocks
+// on sm_90; slots <= kNormMaxRowBlocks, returned), or dgamma / dbeta themselves for a
+// grid of 1.
 bool norm_bwd_pipelined_takes(const NormBwdParams& p);
 int64_t norm_bwd_pipelined_cuda(const NormBwdParams& p, int device, float* partials, void* stream);
 
