@@ -912,13 +912,17 @@ def test_fwd_fp8_both_copies_cuda_back_to_back(norm, hidden, device, gen):
         assert torch.equal(one._data, other._data) and torch.equal(one._transpose, other._transpose)
 
 
-# Both FP8 copies in one pass (norm_fwd_tiled.cu) take hidden 768 and 1024 with rows % 8
-# == 0 (tiles of 64 rows): 8 rows, one partial tile; 72, a tile and 8 rows of the next;
-# 4104 x 1024, 65 tiles; 70000 x 768, more tiles than the grid's four waves, so that
-# blocks stride over tiles. 36 x 1024, 64 x 1000, 40 x 896 and 264 x 2048 are shapes it
-# leaves to the two passes.
+# Both FP8 copies in one pass (norm_fwd_tiled.cu) take rows % 8 == 0. Hidden 768 and 1024
+# keep the tile in shared memory (tiles of 64 rows): 8 rows, one partial tile; 72, a tile
+# and 8 rows of the next; 4104 x 1024, 65 tiles; 70000 x 768, more tiles than the grid's
+# four waves, so that blocks stride over tiles. Rows of 1032 to 2560 (multiples of 8)
+# read the 32-row tile back from the row-wise copy: 1032 (two warps a row, one nearly
+# idle), 1152, 2048, 2560 (three-warp rows, four a block), 4136 x 2056 (130 tiles, the last
+# a partial one), 34000 x 1152 (blocks stride over tiles). 36 x 1024, 64 x 1000, 40 x 896,
+# 36 x 2048, 40 x 3072 and 72 x 12296 are shapes both leave to the two passes.
 TILED_SHAPES = [(8, 768), (72, 768), (200, 1024), (4104, 1024), (70000, 768), (36, 1024), (64, 1000), (40, 896),
-                (264, 2048)]
+                (40, 1032), (8, 1152), (264, 2048), (40, 2560), (4136, 2056), (34000, 1152), (36, 2048), (40, 3072),
+                (72, 12296)]
 
 
 def run_fwd_fp8_both_ways(norm, x, w, b, fp8_dtype, device):
@@ -956,13 +960,14 @@ def test_fwd_fp8_both_copies_tiled_cuda(norm, x_dtype, shape, fp8_dtype, device,
 
 
 @pytest.mark.parametrize("device", ["cpu"] + CUDA)
-@pytest.mark.parametrize("shape", [(72, 768), (64, 1000), (37, 1024)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(72, 768), (64, 1000), (37, 1024), (40, 2048)], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_fp8_columnwise_copy_alone(norm, shape, device, gen):
     """An FP8 output with only its column-wise copy (the C API allows a null row-wise
     buffer; the Python wrappers always ask for both): the copy equals the transposed
     row-wise copy of the usual call, bytes past it untouched. 72 x 768 takes the tiled
-    kernel on CUDA, the others the row kernel's byte stores."""
+    kernel on CUDA, the others the row kernel's byte stores (40 x 2048: no row-wise copy
+    for the tile to be read back from)."""
     rows, hidden = shape
     x, w, b = make_inputs((rows,), hidden, torch.bfloat16, torch.float32, False, gen)
     x, w, b = x.to(device), w.to(device), b.to(device)

@@ -129,13 +129,16 @@ __device__ __forceinline__ int tile_slot(int r, int slot, int slots, int tile_ro
   return r * slots + (slot ^ ((r / 8) * (128 / tile_rows) % 16));
 }
 
-// The tile's transpose to out_t [hidden, rows] at column tile_first: each thread takes
-// 8x8 byte blocks (8 rows of one slot), transposes them with byte permutes
-// (cast_transpose.cuh) and stores each column's 8 bytes. Lanes take the tile's row
-// blocks fastest, so each store instruction writes the tile_rows bytes of a column
-// whole (with rows % 8 == 0, an 8-row block is all in the matrix or all past it).
-// The caller's barrier lies between the tile's writes and this.
-__device__ __forceinline__ void store_tile_transposed(const uint2* tile, uint8_t* out_t, int64_t tile_first,
+// The tile's transpose to out_t [hidden, rows] at row tile_first: each thread takes 8x8
+// byte blocks (8 rows of one 8-byte slot, from load_slot(row in the tile, slot)),
+// transposes them with byte permutes (cast_transpose.cuh) and stores each column's 8
+// bytes. Lanes take the tile's row blocks fastest, so each store instruction writes the
+// tile_rows bytes of a column whole (with rows % 8 == 0, an 8-row block is all in the
+// matrix or all past it); read from the row-wise copy, each load instruction takes whole
+// 64-byte runs of tile_rows / 8 rows. The caller's barrier lies between the tile's writes
+// and this.
+template <class LoadSlot>
+__device__ __forceinline__ void store_tile_transposed(LoadSlot load_slot, uint8_t* out_t, int64_t tile_first,
                                                       int64_t rows, int hidden, int tile_rows) {
   const int row_blocks = tile_rows / 8, slots = hidden / 8;
   for (int b = int(threadIdx.x); b < row_blocks * slots; b += int(blockDim.x)) {
@@ -145,7 +148,7 @@ __device__ __forceinline__ void store_tile_transposed(const uint2* tile, uint8_t
     uint32_t lo[8], hi[8];
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      const uint2 v = tile[tile_slot(row_block * 8 + k, slot, slots, tile_rows)];
+      const uint2 v = load_slot(row_block * 8 + k, slot);
       lo[k] = v.x;
       hi[k] = v.y;
     }
@@ -169,15 +172,16 @@ __device__ __forceinline__ void store_tile_transposed(const uint2* tile, uint8_t
 // 16-bit inputs: an fp32 row takes twice the registers, and the element-wise kernels'
 // bounds and dtype switches more; capped, both spilled (ptxas, sm_90a).
 template <te_dtype kIn, te_dtype kOut, int kChunks, bool kLayerNorm, bool kVectorized, bool kFloatAmax = false,
-          bool kTiled = false>
+          NormTile kTile = NormTile::kNone>
 __global__ void __launch_bounds__(kNormMaxBlockThreads, kVectorized && kIn != TE_DTYPE_FLOAT32 ? 2 : 1)
     norm_fwd_rows_kernel(NormFwdParams p, int threads_per_row, int rows_per_block, int tile_rows) {
   using In = typename CudaType<kIn>::type;
   constexpr bool kMaybeFp8 = !kVectorized || kIsFp8<kOut>;
   constexpr bool kMaybeAmax = kMaybeFp8 || kFloatAmax;
   static_assert(!kFloatAmax || (kVectorized && kOut == kIn), "kFloatAmax: a vectorized y in the input's dtype");
-  static_assert(!kTiled || (kVectorized && kIsFp8<kOut>), "kTiled: a vectorized FP8 y");
-  extern __shared__ uint2 transpose_tile[];  // kTiled: tile_slot's layout, tile_rows * hidden bytes
+  constexpr bool kTiled = kTile != NormTile::kNone;
+  static_assert(!kTiled || (kVectorized && kIsFp8<kOut>), "a tile: a vectorized FP8 y");
+  extern __shared__ uint2 transpose_tile[];  // NormTile::kShared: tile_slot's layout, tile_rows * hidden bytes
   if constexpr (kMaybeFp8) allow_dependent_launch();  // the transposed copy's kernel (norm_fwd_cuda)
   const bool fp8 = kVectorized ? kIsFp8<kOut> : is_fp8_dtype(p.out_dtype);
   // max|y| is taken for an FP8 y (before scaling) and where a float y's amax is asked for
@@ -306,10 +310,12 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads, kVectorized && kIn != TE
             if (fp8) y[i] *= scale;
           }
         }
-        if constexpr (kTiled) {  // the row-wise copy (if asked for) and the tile's slot
+        if constexpr (kTile == NormTile::kShared) {  // the row-wise copy (if asked for) and the tile's slot
           const uint2 bytes = fp8_chunk<kOut>(y);
           if (p.output) *reinterpret_cast<uint2*>(static_cast<uint8_t*>(p.output) + r * p.hidden + col) = bytes;
           transpose_tile[tile_slot(int(r - tile_first), col / kChunk, hidden / kChunk, tile_rows)] = bytes;
+        } else if constexpr (kTile == NormTile::kRowwiseCopy) {  // the row-wise copy, read back below
+          *reinterpret_cast<uint2*>(static_cast<uint8_t*>(p.output) + r * p.hidden + col) = fp8_chunk<kOut>(y);
         } else {
           store_y<kVectorized, kOut>(p, r, col, hidden, fp8, y);
         }
@@ -329,16 +335,29 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads, kVectorized && kIn != TE
     }
   };
   if constexpr (kTiled) {
-    // a tile's rows, then (behind a barrier) its transpose; the second barrier keeps
-    // the next tile's rows from overwriting slots still being read
+    // A tile's rows, then (behind a barrier, which also makes the block's global writes
+    // visible to the whole block) its transpose. A shared tile needs a second barrier, so
+    // that the next tile's rows do not overwrite slots still being read; rows staged in
+    // the row-wise copy go to new addresses.
     const int64_t tiles = (p.rows + tile_rows - 1) / tile_rows;
+    uint8_t* out_t = static_cast<uint8_t*>(p.output_t);
     for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
       const int64_t tile_first = tile * tile_rows;
       for (int sub = 0; sub < tile_rows; sub += rows_per_block) normalize_rows(tile_first + sub, tile_first);
       __syncthreads();
-      store_tile_transposed(transpose_tile, static_cast<uint8_t*>(p.output_t), tile_first, p.rows, hidden,
-                            tile_rows);
-      __syncthreads();
+      if constexpr (kTile == NormTile::kShared) {
+        const int slots = hidden / kChunk;
+        store_tile_transposed([&](int r, int slot) { return transpose_tile[tile_slot(r, slot, slots, tile_rows)]; },
+                              out_t, tile_first, p.rows, hidden, tile_rows);
+        __syncthreads();
+      } else {
+        const uint8_t* staged = static_cast<const uint8_t*>(p.output) + tile_first * p.hidden;
+        store_tile_transposed(
+            [&](int r, int slot) {
+              return *reinterpret_cast<const uint2*>(staged + int64_t(r) * p.hidden + slot * kChunk);
+            },
+            out_t, tile_first, p.rows, hidden, tile_rows);
+      }
     }
   } else {
     for (int64_t first = int64_t(blockIdx.x) * rows_per_block; first < p.rows;

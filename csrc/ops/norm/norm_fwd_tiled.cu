@@ -1,11 +1,13 @@
 // Both FP8 copies of the norm forward in one pass: the register kernel
 // (norm_fwd_kernel.cuh) in its tiled form. A block normalizes a tile of consecutive
 // rows with the forward's row groups, writes their row-wise FP8 bytes and keeps them
-// in shared memory, then writes the tile's transpose from there, so the input is read
-// once and neither copy is read back. The two passes it replaces (the row kernel, then
-// the byte transpose reading the row-wise copy again) move 2 + 1 + 1 + 1 bytes an
-// element where this moves 2 + 1 + 1.
+// (in shared memory, or in the L2 as the row-wise copy's lines), then writes the tile's
+// transpose from there, so the input is read once from DRAM and neither copy is read
+// back from it. The two passes it replaces (the row kernel, then the byte transpose
+// reading the row-wise copy again) move 2 + 1 + 1 + 1 bytes an element where this
+// moves 2 + 1 + 1.
 #include <algorithm>
+#include <type_traits>
 
 #include "common/cuda_utils.h"
 #include "common/dtype.h"
@@ -17,17 +19,17 @@ namespace opente {
 using norm_kernels::norm_fwd_rows_kernel;
 
 bool norm_fwd_tiled_takes(const NormFwdParams& p) {
+  const NormFwdTileShape tile = norm_fwd_tile_shape(p.hidden, p.output != nullptr);
   // 8-byte pieces of the transposed copy: rows % 8 == 0, both outputs 8-byte aligned;
-  // 16-byte vectors of the row (hidden 768 or 1024 by norm_fwd_tile_shape)
-  return p.output_t && is_fp8(p.out_dtype) && p.rows > 0 && p.rows % 8 == 0 &&
-         norm_fwd_tile_shape(p.hidden).taken() && is_aligned(p.input, 16) && is_aligned(p.gamma, 16) &&
-         (p.beta == nullptr || is_aligned(p.beta, 16)) && (p.output == nullptr || is_aligned(p.output, 8)) &&
-         is_aligned(p.output_t, 8);
+  // 16-byte vectors of the row (hidden % 8 == 0 by norm_fwd_tile_shape)
+  return p.output_t && is_fp8(p.out_dtype) && p.rows > 0 && p.rows % 8 == 0 && tile.taken() &&
+         is_aligned(p.input, 16) && is_aligned(p.gamma, 16) && (p.beta == nullptr || is_aligned(p.beta, 16)) &&
+         (p.output == nullptr || is_aligned(p.output, 8)) && is_aligned(p.output_t, 8);
 }
 
 void norm_fwd_tiled_cuda(const NormFwdParams& p, int device, void* stream) {
   DeviceGuard guard(device);
-  const NormFwdTileShape tile = norm_fwd_tile_shape(p.hidden);
+  const NormFwdTileShape tile = norm_fwd_tile_shape(p.hidden, p.output != nullptr);
   auto launch = [&](auto kernel) {
     // the kernel takes an amax (four waves at most, as norm_fwd_cuda's), and a block
     // at least a tile
@@ -42,10 +44,18 @@ void norm_fwd_tiled_cuda(const NormFwdParams& p, int device, void* stream) {
   dispatch_float_dtype(p.in_dtype, [&](auto in_tag) {
     dispatch_fp8_dtype(p.out_dtype, [&](auto out_tag) {
       constexpr te_dtype kIn = decltype(in_tag)::value, kOut = decltype(out_tag)::value;
-      if (p.type == NormType::kLayerNorm) {
-        launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdChunks, true, true, false, true>);
+      auto by_norm = [&](auto tile_tag) {
+        constexpr NormTile kTile = decltype(tile_tag)::value;
+        if (p.type == NormType::kLayerNorm) {
+          launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdChunks, true, true, false, kTile>);
+        } else {
+          launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdChunks, false, true, false, kTile>);
+        }
+      };
+      if (tile.tile == NormTile::kShared) {
+        by_norm(std::integral_constant<NormTile, NormTile::kShared>{});
       } else {
-        launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdChunks, false, true, false, true>);
+        by_norm(std::integral_constant<NormTile, NormTile::kRowwiseCopy>{});
       }
     });
   });

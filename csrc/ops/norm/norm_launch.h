@@ -32,24 +32,38 @@ struct NormRowShape {
 // The forward's shape for rows of `hidden` elements; chunks == 0 beyond kNormFwdMaxRegisterHidden.
 NormRowShape norm_fwd_row_shape(int64_t hidden);
 // Both FP8 copies in one pass (norm_fwd_tiled.cu): a block normalizes `tile_rows`
-// consecutive rows with the forward's row groups (a warp a row), keeps their FP8 bytes
-// in shared memory, then writes the tile's transpose, tile_rows consecutive bytes (two
-// whole 32-byte sectors) of each of its columns.
+// consecutive rows with the forward's row groups, keeps their FP8 bytes, then writes the
+// tile's transpose, tile_rows consecutive bytes (whole 32-byte sectors) of each of its
+// columns. Short rows keep the tile in shared memory; longer ones, whose tile would leave
+// one block an SM, read it back from the row-wise copy they have just written, while its
+// lines are still in the L2.
+enum class NormTile {
+  kNone,         // the row kernel alone
+  kShared,       // the tile in shared memory (tile_slot's layout)
+  kRowwiseCopy,  // the tile read back from the row-wise output, behind the block's barrier
+};
 struct NormFwdTileShape {
   NormRowShape rows;  // the forward's row groups, rows_per_block a power of two dividing tile_rows
   int64_t hidden = 0;
   int tile_rows = 0;  // 0: not taken (the row kernel, then the byte transpose)
+  NormTile tile = NormTile::kNone;
 
   bool taken() const { return tile_rows > 0; }
-  size_t smem_bytes() const { return size_t(tile_rows) * size_t(hidden); }  // the tile's FP8 bytes
+  // the shared tile's FP8 bytes; none where the row-wise copy holds the tile
+  size_t smem_bytes() const { return tile == NormTile::kShared ? size_t(tile_rows) * size_t(hidden) : 0; }
 };
-// For rows of `hidden` elements: taken for hidden 768 and 1024 (multiples of 128 keep the
-// tile's swizzled 8-byte slots in their row: norm_fwd_kernel.cuh; 896 was measured and
-// left out, see norm_row_shape.cpp).
-NormFwdTileShape norm_fwd_tile_shape(int64_t hidden);
+// For rows of `hidden` elements, and whether the call writes a row-wise copy: a shared
+// tile for hidden 768 and 1024 (multiples of 128 keep the tile's swizzled 8-byte slots
+// in their row: norm_fwd_kernel.cuh; 896 was measured and left out, see
+// norm_row_shape.cpp); with a row-wise copy, the tile from it for hidden
+// kNormFwdStagedMinHidden to kNormFwdStagedMaxHidden, multiples of 8.
+NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy);
 constexpr int64_t kNormFwdTiledMinHidden = 768;
 constexpr int64_t kNormFwdTiledMaxHidden = 1024;
 constexpr int kNormFwdTileRows = 64;
+constexpr int64_t kNormFwdStagedMinHidden = 1025;
+constexpr int64_t kNormFwdStagedMaxHidden = 2560;
+constexpr int kNormFwdStagedTileRows = 32;
 
 // The backward's; chunks == 0 beyond kNormBwdMaxRegisterHidden.
 NormRowShape norm_bwd_row_shape(int64_t hidden);
@@ -102,8 +116,8 @@ bool norm_bwd_pipelined_takes(const NormBwdParams& p);
 int64_t norm_bwd_pipelined_cuda(const NormBwdParams& p, int device, float* partials, void* stream);
 
 // The tiled forward (norm_fwd_tiled.cu): whether it takes this call (an FP8 y with its
-// transposed copy, norm_fwd_tile_shape's hidden, rows % 8 == 0, aligned buffers), and
-// its launch.
+// transposed copy, a shape norm_fwd_tile_shape takes, rows % 8 == 0, aligned buffers),
+// and its launch.
 bool norm_fwd_tiled_takes(const NormFwdParams& p);
 void norm_fwd_tiled_cuda(const NormFwdParams& p, int device, void* stream);
 

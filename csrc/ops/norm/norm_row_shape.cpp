@@ -45,24 +45,46 @@ NormRowShape norm_fwd_row_shape(int64_t hidden) {
   return row_shape(hidden, hidden <= 512 ? kNormFwdSmallChunks : kNormFwdChunks, 256);
 }
 
-// The tiled forward: blocks of 512 threads (the register kernels' bound), 16 rows of a
-// warp each, so a 64-row tile (64 KiB at hidden 1024: two blocks an SM) takes four
-// passes of the block. H100, against the two passes: 5-14% faster at hidden 768 and
-// 1024; at 896 (a quarter of each warp's last chunk idle) rmsnorm 5% faster but
-// layernorm 2% slower, so 896 keeps the two passes (benchmarks/RESULTS.md). Tiles of 32
-// rows were no faster there, of 16 (half sectors of the transposed copy) 1.2-2x slower.
-// Rows of several warps (1152 to 2048, 32-row tiles) gained 0-7%, lost 5% for layernorm
-// at 1536, and made racecheck report hazards between a tile slot's write and its read
-// across the block's barrier (the kind it reported beside the row groups' named barriers
-// before: benchmarks/RESULTS.md, sixteenth session), so they keep the two passes, as
-// longer rows (fewer blocks an SM beside the tile: slower) and shorter ones (no gain) do.
-NormFwdTileShape norm_fwd_tile_shape(int64_t hidden) {
+// The tiled forward. Hidden 768 and 1024, the tile in shared memory: blocks of 512
+// threads (the register kernels' bound), 16 rows of a warp each, so a 64-row tile (64 KiB
+// at hidden 1024: two blocks an SM) takes four passes of the block. H100, against the two
+// passes: 5-14% faster at hidden 768 and 1024; at 896 (a quarter of each warp's last
+// chunk idle) rmsnorm 5% faster but layernorm 2% slower, so 896 keeps the two passes
+// (benchmarks/RESULTS.md). Tiles of 32 rows were no faster there, of 16 (half sectors of
+// the transposed copy) 1.2-2x slower. Longer rows in a shared tile left one block an SM
+// (slower), and rows of several warps made racecheck report hazards between a tile
+// slot's write and its read across the block's barrier (the kind it reported beside the
+// row groups' named barriers before: RESULTS.md, sixteenth session).
+// Hidden 1025 to 2560 read a 32-row tile back from the row-wise copy instead (whole
+// sectors of the transposed copy; no shared memory, so the forward's two blocks an SM):
+// H100, bf16, against the two passes, 2-16% faster (16384 x 2048 61.8 -> 57.5 us, 32768 x
+// 2048 126.9 -> 109.5). Longer rows lost or gained little: the tiles of the blocks in
+// flight outgrow what the L2 keeps (ncu: at 8192 x 8192 most of the tile was read from
+// DRAM again), and where all tiles fit one wave the blocks read and transpose in step
+// (8192 x 3072 and 3584: 1-5% slower; 16384 x 4096 2-4% faster; 5120 to 16384 up to 17%
+// slower). Cache hints (y's lines kept with evict_last, y^T stored and the tile read
+// evict-first) and 64-row tiles did not help.
+NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy) {
   NormFwdTileShape tile;
-  if (hidden < kNormFwdTiledMinHidden || hidden > kNormFwdTiledMaxHidden || hidden % 256 != 0) return tile;
-  tile.rows = norm_fwd_row_shape(hidden);
-  tile.rows.rows_per_block = kNormMaxBlockThreads / tile.rows.threads_per_row;
+  if (hidden >= kNormFwdTiledMinHidden && hidden <= kNormFwdTiledMaxHidden && hidden % 256 == 0) {
+    tile.rows = norm_fwd_row_shape(hidden);
+    tile.rows.rows_per_block = kNormMaxBlockThreads / tile.rows.threads_per_row;
+    tile.tile_rows = kNormFwdTileRows;
+    tile.tile = NormTile::kShared;
+  } else if (rowwise_copy && hidden >= kNormFwdStagedMinHidden && hidden <= kNormFwdStagedMaxHidden &&
+             hidden % 8 == 0) {
+    // rows of whole warps: as many as fit a block of kNormMaxBlockThreads, a power of two
+    // so that they divide the tile
+    tile.rows = norm_fwd_row_shape(hidden);
+    int rows_per_block = 1;
+    while (2 * rows_per_block * tile.rows.threads_per_row <= kNormMaxBlockThreads) rows_per_block *= 2;
+    tile.rows.rows_per_block = rows_per_block;
+    tile.tile_rows = kNormFwdStagedTileRows;
+    tile.tile = NormTile::kRowwiseCopy;
+  } else {
+    return tile;
+  }
   tile.hidden = hidden;
-  tile.tile_rows = kNormFwdTileRows;
   return tile;
 }
 
