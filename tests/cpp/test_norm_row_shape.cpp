@@ -51,45 +51,53 @@ TEST(NormRowShape, ForwardBuckets) {
 TEST(NormRowShape, TiledForward) {
   for (int64_t hidden = 1; hidden <= opente::kNormFwdMaxRegisterHidden + 1; ++hidden) {
     for (const bool rowwise : {false, true}) {
-      SCOPED_TRACE(testing::Message() << "tiled forward, hidden " << hidden << (rowwise ? ", row-wise copy" : ""));
-      const opente::NormFwdTileShape tile = opente::norm_fwd_tile_shape(hidden, rowwise);
-      const bool shared =
-          hidden >= opente::kNormFwdTiledMinHidden && hidden <= opente::kNormFwdTiledMaxHidden && hidden % 256 == 0;
-      const bool staged = !shared && rowwise && hidden >= opente::kNormFwdStagedMinHidden &&
-                          hidden <= opente::kNormFwdStagedMaxHidden && hidden % 8 == 0;
-      ASSERT_EQ(tile.taken(), shared || staged);
-      if (!tile.taken()) continue;
-      EXPECT_EQ(tile.tile, shared ? opente::NormTile::kShared : opente::NormTile::kRowwiseCopy);
-      // the forward's row groups (same chunks and lanes), more of them a block
-      check_shape(tile.rows, hidden, "tiled forward");
-      const NormRowShape plain = opente::norm_fwd_row_shape(hidden);
-      EXPECT_EQ(tile.rows.chunks, opente::kNormFwdChunks);  // the only bucket norm_fwd_tiled.cu instantiates
-      EXPECT_EQ(tile.rows.threads_per_row, plain.threads_per_row);
-      EXPECT_EQ(tile.hidden, hidden);
-      // the block's row groups divide the tile; whole 32-byte sectors of the transposed copy
-      EXPECT_TRUE(is_power_of_two(tile.rows.rows_per_block));
-      EXPECT_EQ(tile.tile_rows % tile.rows.rows_per_block, 0);
-      EXPECT_EQ(tile.tile_rows % 32, 0);
-      if (shared) {
-        EXPECT_EQ(tile.rows.threads_per_row, 32);  // a warp a row
-        EXPECT_EQ(tile.rows.block_threads(), opente::kNormMaxBlockThreads);
-        // the tile's swizzle (row block times 128 / tile_rows) below 16 slots
-        EXPECT_LT((tile.tile_rows / 8 - 1) * (128 / tile.tile_rows), 16);
-        // two blocks an SM beside the kernel's static shared memory
-        EXPECT_LE(2 * tile.smem_bytes(), size_t(kMaxSmemPerBlock) - 2048);
-      } else {
-        // the largest power of two of whole rows within a block: half as many would fit twice
-        EXPECT_GT(2 * tile.rows.block_threads(), opente::kNormMaxBlockThreads);
-        EXPECT_EQ(tile.smem_bytes(), 0u);
+      for (const int64_t rows : {int64_t(8), opente::kNormFwdStagedWideMinRows - 8, opente::kNormFwdStagedWideMinRows}) {
+        SCOPED_TRACE(testing::Message() << "tiled forward, " << rows << " x " << hidden
+                                        << (rowwise ? ", row-wise copy" : ""));
+        const opente::NormFwdTileShape tile = opente::norm_fwd_tile_shape(hidden, rowwise, rows);
+        const bool shared =
+            hidden >= opente::kNormFwdTiledMinHidden && hidden <= opente::kNormFwdTiledMaxHidden && hidden % 256 == 0;
+        const int64_t staged_max = rows >= opente::kNormFwdStagedWideMinRows ? opente::kNormFwdStagedWideMaxHidden
+                                                                              : opente::kNormFwdStagedMaxHidden;
+        const bool staged =
+            !shared && rowwise && hidden >= opente::kNormFwdStagedMinHidden && hidden <= staged_max && hidden % 8 == 0;
+        ASSERT_EQ(tile.taken(), shared || staged);
+        if (!tile.taken()) continue;
+        EXPECT_EQ(tile.tile, shared ? opente::NormTile::kShared : opente::NormTile::kRowwiseCopy);
+        // the forward's row groups (same chunks and lanes), more of them a block
+        check_shape(tile.rows, hidden, "tiled forward");
+        const NormRowShape plain = opente::norm_fwd_row_shape(hidden);
+        EXPECT_EQ(tile.rows.chunks, opente::kNormFwdChunks);  // the only bucket norm_fwd_tiled.cu instantiates
+        EXPECT_EQ(tile.rows.threads_per_row, plain.threads_per_row);
+        EXPECT_EQ(tile.hidden, hidden);
+        // the block's row groups divide the tile; whole 32-byte sectors of the transposed copy
+        EXPECT_TRUE(is_power_of_two(tile.rows.rows_per_block));
+        EXPECT_EQ(tile.tile_rows % tile.rows.rows_per_block, 0);
+        EXPECT_EQ(tile.tile_rows % 32, 0);
+        if (shared) {
+          EXPECT_EQ(tile.rows.threads_per_row, 32);  // a warp a row
+          EXPECT_EQ(tile.rows.block_threads(), opente::kNormMaxBlockThreads);
+          // the tile's swizzle (row block times 128 / tile_rows) below 16 slots
+          EXPECT_LT((tile.tile_rows / 8 - 1) * (128 / tile.tile_rows), 16);
+          // two blocks an SM beside the kernel's static shared memory
+          EXPECT_LE(2 * tile.smem_bytes(), size_t(kMaxSmemPerBlock) - 2048);
+        } else {
+          // the largest power of two of whole rows within a block: twice as many would not fit
+          EXPECT_GT(2 * tile.rows.block_threads(), opente::kNormMaxBlockThreads);
+          EXPECT_EQ(tile.smem_bytes(), 0u);
+        }
       }
     }
   }
-  EXPECT_TRUE(opente::norm_fwd_tile_shape(768, false).taken());
-  EXPECT_TRUE(opente::norm_fwd_tile_shape(1024, true).taken());
-  EXPECT_FALSE(opente::norm_fwd_tile_shape(896, true).taken());
-  EXPECT_FALSE(opente::norm_fwd_tile_shape(2048, false).taken());  // no row-wise copy to read back
-  EXPECT_EQ(opente::norm_fwd_tile_shape(2048, true).tile, opente::NormTile::kRowwiseCopy);
-  EXPECT_FALSE(opente::norm_fwd_tile_shape(4096, true).taken());  // the two passes (norm_row_shape.cpp)
+  EXPECT_TRUE(opente::norm_fwd_tile_shape(768, false, 8).taken());
+  EXPECT_TRUE(opente::norm_fwd_tile_shape(1024, true, 8).taken());
+  EXPECT_FALSE(opente::norm_fwd_tile_shape(896, true, 8).taken());
+  EXPECT_FALSE(opente::norm_fwd_tile_shape(2048, false, 8).taken());  // no row-wise copy to read back
+  EXPECT_EQ(opente::norm_fwd_tile_shape(2048, true, 8).tile, opente::NormTile::kRowwiseCopy);
+  // hidden 4096: the two passes below 16384 rows, the tile from the row-wise copy from there
+  EXPECT_FALSE(opente::norm_fwd_tile_shape(4096, true, 8192).taken());
+  EXPECT_EQ(opente::norm_fwd_tile_shape(4096, true, 16384).tile, opente::NormTile::kRowwiseCopy);
+  EXPECT_FALSE(opente::norm_fwd_tile_shape(5120, true, 65536).taken());
 }
 
 TEST(NormRowShape, BackwardBuckets) {

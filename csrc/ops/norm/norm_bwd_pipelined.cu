@@ -148,47 +148,51 @@ __global__ void __launch_bounds__(kNormBwdPipelinedMaxThreads)
   wait_all_async_copies();  // the zero-filled copies past the last row
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (cluster_blocks > 1) {
-    // The block's sums into its shared memory as [kColumnSums][hidden] (the stages are
-    // free once every thread is past its last staged read: 128 bytes a thread hold the
-    // 8 bytes a column needs), then the cluster's blocks add them, each a share of the
-    // columns, in rank order, into the cluster's partial row.
-    constexpr int kColumnSums = kLayerNorm ? 2 : 1;
-    __syncthreads();
-    float* block_sums = reinterpret_cast<float*>(stages);
+  // LayerNorm's only: RMSNorm never runs in clusters (cluster_blocks_for), so its kernels
+  // leave this out
+  if constexpr (kLayerNorm) {
+    if (cluster_blocks > 1) {
+      // The block's sums into its shared memory as [kColumnSums][hidden] (the stages are
+      // free once every thread is past its last staged read: 128 bytes a thread hold the
+      // 8 bytes a column needs), then the cluster's blocks add them, each a share of the
+      // columns, in rank order, into the cluster's partial row.
+      constexpr int kColumnSums = 2;  // dgamma's, dbeta's
+      __syncthreads();
+      float* block_sums = reinterpret_cast<float*>(stages);
 #pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      const int col = group.column(j);
-      if (col >= hidden) continue;
+      for (int j = 0; j < kChunks; ++j) {
+        const int col = group.column(j);
+        if (col >= hidden) continue;
 #pragma unroll
-      for (int k = 0; k < kColumnSums; ++k) {
-        const float(&sums)[kChunk] = k == 0 ? dgamma[j] : dbeta[kLayerNorm ? j : 0];
-        float4* at = reinterpret_cast<float4*>(block_sums + k * hidden + col);
-        at[0] = make_float4(sums[0], sums[1], sums[2], sums[3]);
-        at[1] = make_float4(sums[4], sums[5], sums[6], sums[7]);
+        for (int k = 0; k < kColumnSums; ++k) {
+          const float(&sums)[kChunk] = k == 0 ? dgamma[j] : dbeta[j];
+          float4* at = reinterpret_cast<float4*>(block_sums + k * hidden + col);
+          at[0] = make_float4(sums[0], sums[1], sums[2], sums[3]);
+          at[1] = make_float4(sums[4], sums[5], sums[6], sums[7]);
+        }
       }
+      namespace cg = cooperative_groups;
+      const cg::cluster_group cluster = cg::this_cluster();
+      cluster.sync();  // every block's sums written, and visible across the cluster
+      const int rank = int(cluster.block_rank());
+      float* out = partials + int64_t(blockIdx.x / cluster_blocks) * 2 * hidden;
+      const bool vector_out = reinterpret_cast<uintptr_t>(partials) % 16 == 0;
+      const int quads = kColumnSums * hidden / 4;  // hidden % 8 == 0
+      for (int q = rank * int(blockDim.x) + int(threadIdx.x); q < quads; q += cluster_blocks * int(blockDim.x)) {
+        float4 sum = reinterpret_cast<const float4*>(cluster.map_shared_rank(block_sums, 0))[q];
+        for (int b = 1; b < cluster_blocks; ++b) {
+          const float4 v = reinterpret_cast<const float4*>(cluster.map_shared_rank(block_sums, b))[q];
+          sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+        }
+        if (vector_out) {
+          reinterpret_cast<float4*>(out)[q] = sum;
+        } else {
+          out[4 * q] = sum.x, out[4 * q + 1] = sum.y, out[4 * q + 2] = sum.z, out[4 * q + 3] = sum.w;
+        }
+      }
+      cluster.sync();  // no block leaves (freeing its shared memory) while another reads it
+      return;
     }
-    namespace cg = cooperative_groups;
-    const cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();  // every block's sums written, and visible across the cluster
-    const int rank = int(cluster.block_rank());
-    float* out = partials + int64_t(blockIdx.x / cluster_blocks) * 2 * hidden;
-    const bool vector_out = reinterpret_cast<uintptr_t>(partials) % 16 == 0;
-    const int quads = kColumnSums * hidden / 4;  // hidden % 8 == 0
-    for (int q = rank * int(blockDim.x) + int(threadIdx.x); q < quads; q += cluster_blocks * int(blockDim.x)) {
-      float4 sum = reinterpret_cast<const float4*>(cluster.map_shared_rank(block_sums, 0))[q];
-      for (int b = 1; b < cluster_blocks; ++b) {
-        const float4 v = reinterpret_cast<const float4*>(cluster.map_shared_rank(block_sums, b))[q];
-        sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
-      }
-      if (vector_out) {
-        reinterpret_cast<float4*>(out)[q] = sum;
-      } else {
-        out[4 * q] = sum.x, out[4 * q + 1] = sum.y, out[4 * q + 2] = sum.z, out[4 * q + 3] = sum.w;
-      }
-    }
-    cluster.sync();  // no block leaves (freeing its shared memory) while another reads it
-    return;
   }
 #endif
 
@@ -266,7 +270,8 @@ int max_active_clusters(const void* kernel, int threads, size_t smem, int blocks
 // 100.0 -> 95.1 us, 4096 x 12288 134.2 -> 129.6, 4096 x 16384 167.0 -> 161.7, 8192 x 8192
 // 159.5 -> 155.9, 8192 x 5120 106.3 -> 105.1; with more rows a block 0.5-1.4% either way
 // (32768 x 5120, 83 rows a block: 365 -> 367-370), and rmsnorm (one partial sum a column)
-// gained nothing anywhere (within 1% either way). Clusters of 4 did not fit the wave (the
+// gained nothing anywhere (within 1% either way; its kernels leave the cluster path out).
+// Clusters of 4 did not fit the wave (the
 // cluster occupancy query gave fewer than a quarter of the resident blocks).
 constexpr int64_t kClusterMaxRowsPerBlock = 32;
 int cluster_blocks_for(const void* kernel, int threads, size_t smem, int64_t grid, int64_t rows, bool layernorm,

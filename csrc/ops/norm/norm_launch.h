@@ -52,17 +52,20 @@ struct NormFwdTileShape {
   // the shared tile's FP8 bytes; none where the row-wise copy holds the tile
   size_t smem_bytes() const { return tile == NormTile::kShared ? size_t(tile_rows) * size_t(hidden) : 0; }
 };
-// For rows of `hidden` elements, and whether the call writes a row-wise copy: a shared
-// tile for hidden 768 and 1024 (multiples of 128 keep the tile's swizzled 8-byte slots
-// in their row: norm_fwd_kernel.cuh; 896 was measured and left out, see
+// For `rows` rows of `hidden` elements, and whether the call writes a row-wise copy: a
+// shared tile for hidden 768 and 1024 (multiples of 128 keep the tile's swizzled 8-byte
+// slots in their row: norm_fwd_kernel.cuh; 896 was measured and left out, see
 // norm_row_shape.cpp); with a row-wise copy, the tile from it for hidden
-// kNormFwdStagedMinHidden to kNormFwdStagedMaxHidden, multiples of 8.
-NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy);
+// kNormFwdStagedMinHidden to kNormFwdStagedMaxHidden, and up to
+// kNormFwdStagedWideMaxHidden with kNormFwdStagedWideMinRows rows or more, multiples of 8.
+NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy, int64_t rows);
 constexpr int64_t kNormFwdTiledMinHidden = 768;
 constexpr int64_t kNormFwdTiledMaxHidden = 1024;
 constexpr int kNormFwdTileRows = 64;
 constexpr int64_t kNormFwdStagedMinHidden = 1025;
 constexpr int64_t kNormFwdStagedMaxHidden = 2560;
+constexpr int64_t kNormFwdStagedWideMaxHidden = 4096;
+constexpr int64_t kNormFwdStagedWideMinRows = 16384;
 constexpr int kNormFwdStagedTileRows = 32;
 
 // The backward's; chunks == 0 beyond kNormBwdMaxRegisterHidden.

@@ -55,24 +55,28 @@ NormRowShape norm_fwd_row_shape(int64_t hidden) {
 // (slower), and rows of several warps made racecheck report hazards between a tile
 // slot's write and its read across the block's barrier (the kind it reported beside the
 // row groups' named barriers before: RESULTS.md, sixteenth session).
-// Hidden 1025 to 2560 read a 32-row tile back from the row-wise copy instead (whole
-// sectors of the transposed copy; no shared memory, so the forward's two blocks an SM):
-// H100, bf16, against the two passes, 2-16% faster (16384 x 2048 61.8 -> 57.5 us, 32768 x
-// 2048 126.9 -> 109.5). Longer rows lost or gained little: the tiles of the blocks in
-// flight outgrow what the L2 keeps (ncu: at 8192 x 8192 most of the tile was read from
-// DRAM again), and where all tiles fit one wave the blocks read and transpose in step
-// (8192 x 3072 and 3584: 1-5% slower; 16384 x 4096 2-4% faster; 5120 to 16384 up to 17%
-// slower). Cache hints (y's lines kept with evict_last, y^T stored and the tile read
-// evict-first) and 64-row tiles did not help.
-NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy) {
+// Hidden 1025 to 2560, and up to 4096 with 16384 rows or more, read a 32-row tile back
+// from the row-wise copy instead (whole sectors of the transposed copy; no shared memory,
+// so the forward's two blocks an SM): H100, bf16, against the two passes, 2-16% faster
+// (16384 x 2048 61.8 -> 57.5 us, 32768 x 2048 126.9 -> 109.5, 16384 x 3072 99.3 -> 92.6,
+// 16384 x 4096 127.4 -> 123.0), the H200 1-17%. Where its tiles fit one wave (8192 rows
+// at 3072-4096: 1-5% slower) the blocks read and transpose in step; from 16384 rows (512
+// tiles, two waves of the 264 blocks an H100 or H200 holds) they drift apart. Longer rows
+// lost (5120 to 16384: up to 17% slower): the tiles of the blocks in flight (264 x 32 rows
+// x hidden bytes) outgrow what the L2 keeps (ncu: at 8192 x 8192 most of the tile was
+// read from DRAM again). Cache hints (y's lines kept with evict_last, y^T stored and the
+// tile read evict-first), 64-row tiles, and (H200) a tile shared in a cluster's shared
+// memory (blocks holding 16, 8 or 4 of its rows: 13-70% slower) did not help.
+NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy, int64_t rows) {
   NormFwdTileShape tile;
   if (hidden >= kNormFwdTiledMinHidden && hidden <= kNormFwdTiledMaxHidden && hidden % 256 == 0) {
     tile.rows = norm_fwd_row_shape(hidden);
     tile.rows.rows_per_block = kNormMaxBlockThreads / tile.rows.threads_per_row;
     tile.tile_rows = kNormFwdTileRows;
     tile.tile = NormTile::kShared;
-  } else if (rowwise_copy && hidden >= kNormFwdStagedMinHidden && hidden <= kNormFwdStagedMaxHidden &&
-             hidden % 8 == 0) {
+  } else if (rowwise_copy && hidden >= kNormFwdStagedMinHidden && hidden % 8 == 0 &&
+             (hidden <= kNormFwdStagedMaxHidden ||
+              (hidden <= kNormFwdStagedWideMaxHidden && rows >= kNormFwdStagedWideMinRows))) {
     // rows of whole warps: as many as fit a block of kNormMaxBlockThreads, a power of two
     // so that they divide the tile
     tile.rows = norm_fwd_row_shape(hidden);
