@@ -271,8 +271,8 @@ int max_active_clusters(const void* kernel, int threads, size_t smem, int blocks
 // 159.5 -> 155.9, 8192 x 5120 106.3 -> 105.1; with more rows a block 0.5-1.4% either way
 // (32768 x 5120, 83 rows a block: 365 -> 367-370), and rmsnorm (one partial sum a column)
 // gained nothing anywhere (within 1% either way; its kernels leave the cluster path out).
-// Clusters of 4 did not fit the wave (the
-// cluster occupancy query gave fewer than a quarter of the resident blocks).
+// Clusters of 4 did not fit the wave (the cluster occupancy query gave fewer than a
+// quarter of the resident blocks).
 constexpr int64_t kClusterMaxRowsPerBlock = 32;
 int cluster_blocks_for(const void* kernel, int threads, size_t smem, int64_t grid, int64_t rows, bool layernorm,
                        int device) {

@@ -66,7 +66,7 @@ NormRowShape norm_fwd_row_shape(int64_t hidden) {
 // x hidden bytes) outgrow what the L2 keeps (ncu: at 8192 x 8192 most of the tile was
 // read from DRAM again). Cache hints (y's lines kept with evict_last, y^T stored and the
 // tile read evict-first), 64-row tiles, and (H200) a tile shared in a cluster's shared
-// memory (blocks holding 16, 8 or 4 of its rows: 13-70% slower) did not help.
+// memory (blocks holding 16, 8 or 4 of its rows: 12-70% slower) did not help.
 NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy, int64_t rows) {
   NormFwdTileShape tile;
   if (hidden >= kNormFwdTiledMinHidden && hidden <= kNormFwdTiledMaxHidden && hidden % 256 == 0) {
