@@ -15,7 +15,8 @@ constexpr int kMaxSmemPerBlock = 227 * 1024;  // Hopper's opt-in limit
 bool is_power_of_two(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
 // Properties every register-kernel shape must have; `what` names the case.
-void check_shape(const NormRowShape& s, int64_t hidden, const char* what) {
+void check_shape(const NormRowShape& s, int64_t hidden, const char* what,
+                 int max_block_threads = opente::kNormMaxBlockThreads) {
   SCOPED_TRACE(testing::Message() << what << " hidden " << hidden);
   ASSERT_TRUE(s.in_registers());
   const int t = s.threads_per_row;
@@ -31,7 +32,7 @@ void check_shape(const NormRowShape& s, int64_t hidden, const char* what) {
   // blocks of whole warps, within the kernels' __launch_bounds__
   EXPECT_GE(s.rows_per_block, 1);
   EXPECT_EQ(s.block_threads() % 32, 0) << s.block_threads();
-  EXPECT_LE(s.block_threads(), opente::kNormMaxBlockThreads);
+  EXPECT_LE(s.block_threads(), max_block_threads);
   // multi-warp groups synchronize on named barriers 1 ... rows_per_block
   if (t > 32) EXPECT_LE(s.rows_per_block, 15);
 }
@@ -49,55 +50,70 @@ TEST(NormRowShape, ForwardBuckets) {
 }
 
 TEST(NormRowShape, TiledForward) {
+  using opente::NormTile;
   for (int64_t hidden = 1; hidden <= opente::kNormFwdMaxRegisterHidden + 1; ++hidden) {
     for (const bool rowwise : {false, true}) {
-      for (const int64_t rows : {int64_t(8), opente::kNormFwdStagedWideMinRows - 8, opente::kNormFwdStagedWideMinRows}) {
-        SCOPED_TRACE(testing::Message() << "tiled forward, " << rows << " x " << hidden
-                                        << (rowwise ? ", row-wise copy" : ""));
-        const opente::NormFwdTileShape tile = opente::norm_fwd_tile_shape(hidden, rowwise, rows);
-        const bool shared =
-            hidden >= opente::kNormFwdTiledMinHidden && hidden <= opente::kNormFwdTiledMaxHidden && hidden % 256 == 0;
-        const int64_t staged_max = rows >= opente::kNormFwdStagedWideMinRows ? opente::kNormFwdStagedWideMaxHidden
-                                                                              : opente::kNormFwdStagedMaxHidden;
-        const bool staged =
-            !shared && rowwise && hidden >= opente::kNormFwdStagedMinHidden && hidden <= staged_max && hidden % 8 == 0;
-        ASSERT_EQ(tile.taken(), shared || staged);
-        if (!tile.taken()) continue;
-        EXPECT_EQ(tile.tile, shared ? opente::NormTile::kShared : opente::NormTile::kRowwiseCopy);
-        // the forward's row groups (same chunks and lanes), more of them a block
-        check_shape(tile.rows, hidden, "tiled forward");
-        const NormRowShape plain = opente::norm_fwd_row_shape(hidden);
-        EXPECT_EQ(tile.rows.chunks, opente::kNormFwdChunks);  // the only bucket norm_fwd_tiled.cu instantiates
-        EXPECT_EQ(tile.rows.threads_per_row, plain.threads_per_row);
-        EXPECT_EQ(tile.hidden, hidden);
-        // the block's row groups divide the tile; whole 32-byte sectors of the transposed copy
-        EXPECT_TRUE(is_power_of_two(tile.rows.rows_per_block));
-        EXPECT_EQ(tile.tile_rows % tile.rows.rows_per_block, 0);
-        EXPECT_EQ(tile.tile_rows % 32, 0);
-        if (shared) {
-          EXPECT_EQ(tile.rows.threads_per_row, 32);  // a warp a row
-          EXPECT_EQ(tile.rows.block_threads(), opente::kNormMaxBlockThreads);
-          // the tile's swizzle (row block times 128 / tile_rows) below 16 slots
-          EXPECT_LT((tile.tile_rows / 8 - 1) * (128 / tile.tile_rows), 16);
-          // two blocks an SM beside the kernel's static shared memory
-          EXPECT_LE(2 * tile.smem_bytes(), size_t(kMaxSmemPerBlock) - 2048);
-        } else {
-          // the largest power of two of whole rows within a block: twice as many would not fit
-          EXPECT_GT(2 * tile.rows.block_threads(), opente::kNormMaxBlockThreads);
-          EXPECT_EQ(tile.smem_bytes(), 0u);
+      for (const bool fp32 : {false, true}) {
+        for (const int64_t rows :
+             {int64_t(8), opente::kNormFwdStagedFp32WideMinRows - 8, opente::kNormFwdStagedFp32WideMinRows}) {
+          SCOPED_TRACE(testing::Message() << "tiled forward, " << rows << " x " << hidden << (fp32 ? ", fp32" : "")
+                                          << (rowwise ? ", row-wise copy" : ""));
+          const opente::NormFwdTileShape tile = opente::norm_fwd_tile_shape(hidden, rowwise, rows, fp32);
+          const bool shared =
+              hidden >= opente::kNormFwdTiledMinHidden && hidden <= opente::kNormFwdTiledMaxHidden && hidden % 256 == 0;
+          const int64_t staged_max = !fp32 ? opente::kNormFwdStagedMaxHidden
+                                     : rows >= opente::kNormFwdStagedFp32WideMinRows
+                                         ? opente::kNormFwdStagedFp32WideMaxHidden
+                                         : opente::kNormFwdStagedFp32MaxHidden;
+          const bool staged = !shared && rowwise && hidden >= opente::kNormFwdStagedMinHidden &&
+                              hidden <= staged_max && hidden % 8 == 0;
+          ASSERT_EQ(tile.taken(), shared || staged);
+          if (!tile.taken()) continue;
+          EXPECT_EQ(tile.tile, shared ? NormTile::kShared : NormTile::kRowwiseCopy);
+          // the forward's row groups (same chunks and lanes), more of them a block: up to
+          // 1024 threads for the 16-bit rows of the tile from the row-wise copy (the
+          // kernel's __launch_bounds__, kNormFwdBlockBound)
+          const int max_threads = staged && !fp32 ? opente::kNormFwdStagedMaxBlockThreads : opente::kNormMaxBlockThreads;
+          check_shape(tile.rows, hidden, "tiled forward", max_threads);
+          const NormRowShape plain = opente::norm_fwd_row_shape(hidden);
+          EXPECT_EQ(tile.rows.chunks, opente::kNormFwdChunks);  // the only bucket norm_fwd_tiled.cu instantiates
+          EXPECT_EQ(tile.rows.threads_per_row, plain.threads_per_row);
+          EXPECT_EQ(tile.hidden, hidden);
+          // the block's row groups divide the tile; whole 32-byte sectors of the transposed copy
+          EXPECT_TRUE(is_power_of_two(tile.rows.rows_per_block));
+          EXPECT_EQ(tile.tile_rows % tile.rows.rows_per_block, 0);
+          EXPECT_EQ(tile.tile_rows % 32, 0);
+          if (shared) {
+            EXPECT_EQ(tile.rows.threads_per_row, 32);  // a warp a row
+            EXPECT_EQ(tile.rows.block_threads(), opente::kNormMaxBlockThreads);
+            // the tile's swizzle (row block times 128 / tile_rows) below 16 slots
+            EXPECT_LT((tile.tile_rows / 8 - 1) * (128 / tile.tile_rows), 16);
+            // two blocks an SM beside the kernel's static shared memory
+            EXPECT_LE(2 * tile.smem_bytes(), size_t(kMaxSmemPerBlock) - 2048);
+          } else {
+            // the largest power of two of whole rows within a block, at most 8 (named barriers)
+            EXPECT_LE(tile.rows.rows_per_block, opente::kNormFwdStagedMaxRowsPerBlock);
+            EXPECT_TRUE(tile.rows.rows_per_block == opente::kNormFwdStagedMaxRowsPerBlock ||
+                        2 * tile.rows.block_threads() > max_threads);
+            EXPECT_EQ(tile.smem_bytes(), 0u);
+          }
         }
       }
     }
   }
-  EXPECT_TRUE(opente::norm_fwd_tile_shape(768, false, 8).taken());
-  EXPECT_TRUE(opente::norm_fwd_tile_shape(1024, true, 8).taken());
-  EXPECT_FALSE(opente::norm_fwd_tile_shape(896, true, 8).taken());
-  EXPECT_FALSE(opente::norm_fwd_tile_shape(2048, false, 8).taken());  // no row-wise copy to read back
-  EXPECT_EQ(opente::norm_fwd_tile_shape(2048, true, 8).tile, opente::NormTile::kRowwiseCopy);
-  // hidden 4096: the two passes below 16384 rows, the tile from the row-wise copy from there
-  EXPECT_FALSE(opente::norm_fwd_tile_shape(4096, true, 8192).taken());
-  EXPECT_EQ(opente::norm_fwd_tile_shape(4096, true, 16384).tile, opente::NormTile::kRowwiseCopy);
-  EXPECT_FALSE(opente::norm_fwd_tile_shape(5120, true, 65536).taken());
+  EXPECT_TRUE(opente::norm_fwd_tile_shape(768, false, 8, false).taken());
+  EXPECT_TRUE(opente::norm_fwd_tile_shape(1024, true, 8, false).taken());
+  EXPECT_FALSE(opente::norm_fwd_tile_shape(896, true, 8, false).taken());
+  EXPECT_FALSE(opente::norm_fwd_tile_shape(2048, false, 8, false).taken());  // no row-wise copy to read back
+  EXPECT_EQ(opente::norm_fwd_tile_shape(2048, true, 8, false).tile, NormTile::kRowwiseCopy);
+  // 16-bit hidden 4096: blocks of 1024 threads (eight rows of four warps), at any rows
+  const opente::NormFwdTileShape wide = opente::norm_fwd_tile_shape(4096, true, 8, false);
+  EXPECT_EQ(wide.tile, NormTile::kRowwiseCopy);
+  EXPECT_EQ(wide.rows.block_threads(), 1024);
+  EXPECT_FALSE(opente::norm_fwd_tile_shape(6144, true, 65536, false).taken());
+  // fp32 hidden 4096: the two passes below 16384 rows, the tile from the row-wise copy from there
+  EXPECT_FALSE(opente::norm_fwd_tile_shape(4096, true, 8192, true).taken());
+  EXPECT_EQ(opente::norm_fwd_tile_shape(4096, true, 16384, true).rows.block_threads(), 512);
 }
 
 TEST(NormRowShape, BackwardBuckets) {

@@ -915,16 +915,17 @@ def test_fwd_fp8_both_copies_cuda_back_to_back(norm, hidden, device, gen):
 # Both FP8 copies in one pass (norm_fwd_tiled.cu) take rows % 8 == 0. Hidden 768 and 1024
 # keep the tile in shared memory (tiles of 64 rows): 8 rows, one partial tile; 72, a tile
 # and 8 rows of the next; 4104 x 1024, 65 tiles; 70000 x 768, more tiles than the grid's
-# four waves, so that blocks stride over tiles. Rows of 1032 to 2560 (multiples of 8),
-# and up to 4096 with 16384 rows or more, read the 32-row tile back from the row-wise
-# copy: 1032 (two warps a row, one nearly idle), 1152, 2048, 2560 (three-warp rows, four a
-# block), 4136 x 2056 (130 tiles, the last a partial one), 34000 x 1152 (blocks stride over
-# tiles), 16392 x 4096 (a partial last tile). 36 x 1024, 64 x 1000, 40 x 896, 36 x 2048,
-# 40 x 3072 and 72 x 12296 are shapes both leave to the two passes (the C++ test
-# TiledForward checks the rule at every hidden size).
+# four waves, so that blocks stride over tiles. Rows of 1032 to 5120 (multiples of 8; fp32
+# rows up to 2560, and to 4096 from 16384 rows) read the 32-row tile back from the
+# row-wise copy: 1032 (two warps a row, one nearly idle), 1152, 2048, 2560 (three-warp
+# rows), 4136 x 2056 (130 tiles, the last a partial one), 34000 x 1152 (blocks stride over
+# tiles), 40 x 3072 (fp32: the two passes), 16392 x 4096 (1024-thread blocks; fp32 from
+# 16384 rows) and 40 x 5120 (five-warp rows, four a block). 36 x 1024, 64 x 1000, 40 x 896,
+# 36 x 2048, 40 x 6144 and 72 x 12296 are shapes both leave to the two passes (the C++
+# test TiledForward checks the rule at every hidden size).
 TILED_SHAPES = [(8, 768), (72, 768), (200, 1024), (4104, 1024), (70000, 768), (36, 1024), (64, 1000), (40, 896),
                 (40, 1032), (8, 1152), (264, 2048), (40, 2560), (4136, 2056), (34000, 1152), (36, 2048), (40, 3072),
-                (16392, 4096), (72, 12296)]
+                (16392, 4096), (40, 5120), (40, 6144), (72, 12296)]
 
 
 def run_fwd_fp8_both_ways(norm, x, w, b, fp8_dtype, device):

@@ -159,6 +159,13 @@ __device__ __forceinline__ void store_tile_transposed(LoadSlot load_slot, uint8_
   }
 }
 
+// Threads a block of the kernel may have: the tile read back from the row-wise copy takes
+// 16-bit rows in blocks of up to kNormFwdStagedMaxBlockThreads (one an SM, norm_row_shape.cpp),
+// every other form blocks of up to kNormMaxBlockThreads (two an SM for 16-bit rows).
+template <NormTile kTile, te_dtype kIn>
+constexpr int kNormFwdBlockBound =
+    kTile == NormTile::kRowwiseCopy && kIn != TE_DTYPE_FLOAT32 ? kNormFwdStagedMaxBlockThreads : kNormMaxBlockThreads;
+
 // kChunks: the shape's bucket (8-element chunks a thread holds). kVectorized: see
 // RowShare; it also requires gamma and beta 16-byte aligned, and the row-wise
 // output 16-byte (FP8: 8-byte) aligned. kOut: the output dtype of the vectorized
@@ -168,13 +175,17 @@ __device__ __forceinline__ void store_tile_transposed(LoadSlot load_slot, uint8_
 // raises p.amax to max|y| as stored (a current-scaling cast of y follows from it:
 // module_ops.FusedAmax); its own instantiations, so the plain float-y kernels carry
 // no amax instructions (their PTX is the same as before it existed); the element-wise
-// kernels test p.amax at run time. The register cap of 64 (two blocks an SM) is for
-// 16-bit inputs: an fp32 row takes twice the registers, and the element-wise kernels'
+// kernels test p.amax at run time. The register cap of 64 (two blocks of 512 threads an
+// SM, or one of 1024: kNormFwdBlockBound) is for 16-bit inputs: an fp32 row takes twice the registers, and the element-wise kernels'
 // bounds and dtype switches more; capped, both spilled (ptxas, sm_90a).
 template <te_dtype kIn, te_dtype kOut, int kChunks, bool kLayerNorm, bool kVectorized, bool kFloatAmax = false,
           NormTile kTile = NormTile::kNone>
-__global__ void __launch_bounds__(kNormMaxBlockThreads, kVectorized && kIn != TE_DTYPE_FLOAT32 ? 2 : 1)
+__global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn>,
+                                  kVectorized && kIn != TE_DTYPE_FLOAT32
+                                      ? 2 * kNormMaxBlockThreads / kNormFwdBlockBound<kTile, kIn>
+                                      : 1)
     norm_fwd_rows_kernel(NormFwdParams p, int threads_per_row, int rows_per_block, int tile_rows) {
+  constexpr int kMaxWarps = kNormFwdBlockBound<kTile, kIn> / 32;  // the block's warps at most
   using In = typename CudaType<kIn>::type;
   constexpr bool kMaybeFp8 = !kVectorized || kIsFp8<kOut>;
   constexpr bool kMaybeAmax = kMaybeFp8 || kFloatAmax;
@@ -186,12 +197,12 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads, kVectorized && kIn != TE
   const bool fp8 = kVectorized ? kIsFp8<kOut> : is_fp8_dtype(p.out_dtype);
   // max|y| is taken for an FP8 y (before scaling) and where a float y's amax is asked for
   const bool takes_amax = kVectorized ? kIsFp8<kOut> || kFloatAmax : fp8 || p.amax != nullptr;
-  __shared__ float scratch[2 * kNormMaxBlockWarps];
-  __shared__ float2 pair_scratch[kLayerNorm ? 2 * kNormMaxBlockWarps : 1];
+  __shared__ float scratch[2 * kMaxWarps];
+  __shared__ float2 pair_scratch[kLayerNorm ? 2 * kMaxWarps : 1];
   const RowGroup group(threads_per_row);
   const int hidden = int(p.hidden);  // <= kNormFwdMaxRegisterHidden
-  RowReduction<float> reduction(scratch, group);
-  RowReduction<float2> pair_reduction(pair_scratch, group);  // LayerNorm's statistics
+  RowReduction<float, kMaxWarps> reduction(scratch, group);
+  RowReduction<float2, kMaxWarps> pair_reduction(pair_scratch, group);  // LayerNorm's statistics
   const float scale = fp8 ? *p.scale : 1.0f;
   float amax = 0.0f;
 
@@ -381,9 +392,9 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads, kVectorized && kIn != TE
       // clean; the time was the same at hidden 2048-8192.
       if (p.amax) {
         if (group.threads > 32) {
-          group_amax_to_global(amax, p.amax, group);
+          group_amax_to_global<kMaxWarps>(amax, p.amax, group);
         } else {
-          block_amax_to_global(amax, p.amax);
+          block_amax_to_global<kMaxWarps>(amax, p.amax);
         }
       }
     }

@@ -438,10 +438,11 @@ __device__ __forceinline__ float2 bwd_row_means(Reduction& reduction, float sum_
 }
 
 // Max of non-negative per-thread values over the block, folded into *amax with one
-// atomic (a block of any multiple of 32 threads, at most kNormMaxBlockThreads).
+// atomic (a block of any multiple of 32 threads, at most kMaxWarps warps).
 // Every thread of the block must call it.
+template <int kMaxWarps = kNormMaxBlockWarps>
 __device__ __forceinline__ void block_amax_to_global(float v, float* amax) {
-  __shared__ float warp_max_values[kNormMaxBlockWarps];
+  __shared__ float warp_max_values[kMaxWarps];
   v = warp_max(v);
   if (threadIdx.x % 32 == 0) warp_max_values[threadIdx.x / 32] = v;
   __syncthreads();
@@ -456,8 +457,9 @@ __device__ __forceinline__ void block_amax_to_global(float v, float* amax) {
 // atomic a group: its warps' maxima meet in their own slots behind the group's own
 // barrier (RowReduction's), so no group waits for the block's others. Every thread of
 // the group must call it.
+template <int kMaxWarps = kNormMaxBlockWarps>
 __device__ __forceinline__ void group_amax_to_global(float v, float* amax, const RowGroup& group) {
-  __shared__ float warp_max_values[kNormMaxBlockWarps];
+  __shared__ float warp_max_values[kMaxWarps];
   v = warp_max(v);
   if (threadIdx.x % 32 == 0) warp_max_values[threadIdx.x / 32] = v;
   sync_row_group(1 + group.index, group.threads);

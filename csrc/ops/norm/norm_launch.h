@@ -52,21 +52,28 @@ struct NormFwdTileShape {
   // the shared tile's FP8 bytes; none where the row-wise copy holds the tile
   size_t smem_bytes() const { return tile == NormTile::kShared ? size_t(tile_rows) * size_t(hidden) : 0; }
 };
-// For `rows` rows of `hidden` elements, and whether the call writes a row-wise copy: a
-// shared tile for hidden 768 and 1024 (multiples of 128 keep the tile's swizzled 8-byte
-// slots in their row: norm_fwd_kernel.cuh; 896 was measured and left out, see
-// norm_row_shape.cpp); with a row-wise copy, the tile from it for hidden
-// kNormFwdStagedMinHidden to kNormFwdStagedMaxHidden, and up to
-// kNormFwdStagedWideMaxHidden with kNormFwdStagedWideMinRows rows or more, multiples of 8.
-NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy, int64_t rows);
+// For `rows` rows of `hidden` elements, whether the call writes a row-wise copy and
+// whether x is fp32: a shared tile for hidden 768 and 1024 (multiples of 128 keep the
+// tile's swizzled 8-byte slots in their row: norm_fwd_kernel.cuh; 896 was measured and
+// left out, see norm_row_shape.cpp); with a row-wise copy, the tile from it for hidden
+// kNormFwdStagedMinHidden to kNormFwdStagedMaxHidden, multiples of 8, in blocks of up to
+// kNormFwdStagedMaxBlockThreads; for fp32 rows (whose registers allow blocks of
+// kNormMaxBlockThreads only) up to kNormFwdStagedFp32MaxHidden, and to
+// kNormFwdStagedFp32WideMaxHidden with kNormFwdStagedFp32WideMinRows rows or more.
+NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy, int64_t rows, bool fp32_input);
 constexpr int64_t kNormFwdTiledMinHidden = 768;
 constexpr int64_t kNormFwdTiledMaxHidden = 1024;
 constexpr int kNormFwdTileRows = 64;
 constexpr int64_t kNormFwdStagedMinHidden = 1025;
-constexpr int64_t kNormFwdStagedMaxHidden = 2560;
-constexpr int64_t kNormFwdStagedWideMaxHidden = 4096;
-constexpr int64_t kNormFwdStagedWideMinRows = 16384;
+constexpr int64_t kNormFwdStagedMaxHidden = 5120;
+constexpr int64_t kNormFwdStagedFp32MaxHidden = 2560;
+constexpr int64_t kNormFwdStagedFp32WideMaxHidden = 4096;
+constexpr int64_t kNormFwdStagedFp32WideMinRows = 16384;
 constexpr int kNormFwdStagedTileRows = 32;
+// One block an SM (64 registers a thread), at most 8 row groups (their named barriers
+// are 1 to 8; the hardware has 16)
+constexpr int kNormFwdStagedMaxBlockThreads = 1024;
+constexpr int kNormFwdStagedMaxRowsPerBlock = 8;
 
 // The backward's; chunks == 0 beyond kNormBwdMaxRegisterHidden.
 NormRowShape norm_bwd_row_shape(int64_t hidden);

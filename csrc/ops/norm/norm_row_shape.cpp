@@ -55,33 +55,40 @@ NormRowShape norm_fwd_row_shape(int64_t hidden) {
 // (slower), and rows of several warps made racecheck report hazards between a tile
 // slot's write and its read across the block's barrier (the kind it reported beside the
 // row groups' named barriers before: RESULTS.md, sixteenth session).
-// Hidden 1025 to 2560, and up to 4096 with 16384 rows or more, read a 32-row tile back
-// from the row-wise copy instead (whole sectors of the transposed copy; no shared memory,
-// so the forward's two blocks an SM): H100, bf16, against the two passes, 2-16% faster
-// (16384 x 2048 61.8 -> 57.5 us, 32768 x 2048 126.9 -> 109.5, 16384 x 3072 99.3 -> 92.6,
-// 16384 x 4096 127.4 -> 123.0), the H200 1-17%. Where its tiles fit one wave (8192 rows
-// at 3072-4096: 1-5% slower) the blocks read and transpose in step; from 16384 rows (512
-// tiles, two waves of the 264 blocks an H100 or H200 holds) they drift apart. Longer rows
-// lost (5120 to 16384: up to 17% slower): the tiles of the blocks in flight (264 x 32 rows
-// x hidden bytes) outgrow what the L2 keeps (ncu: at 8192 x 8192 most of the tile was
-// read from DRAM again). Cache hints (y's lines kept with evict_last, y^T stored and the
-// tile read evict-first), 64-row tiles, and (H200) a tile shared in a cluster's shared
-// memory (blocks holding 16, 8 or 4 of its rows: 12-70% slower) did not help.
-NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy, int64_t rows) {
+// Hidden 1025 to 5120 read a 32-row tile back from the row-wise copy instead (whole
+// sectors of the transposed copy, no shared memory), in blocks of up to 1024 threads, one
+// an SM: a block's tile is then written and read back in half the time two blocks an SM
+// take, which keeps it in the L2 for longer rows. H100, bf16, against the two passes:
+// 2-16% faster (16384 x 2048 61.8 -> 57.5 us, 32768 x 2048 126.9 -> 109.5, 16384 x 4096
+// 127.1 -> 115.8, 16384 x 5120 172.7 -> 164.0), the H200 1-17% at 1152-2560; 8192 x 8192
+// even (128.1 -> 129.6). Blocks of 512 threads, two an SM (the same rows in flight) lost
+// from 5120 up (16384 x 5120 207.1 us) and at 3072-4096 where the tiles fit one wave
+// (8192 rows): the tiles of the blocks in flight outgrew what the L2 keeps (ncu: at 8192
+// x 8192 most of the tile was read from DRAM again). fp32 rows keep those blocks (their
+// registers do not fit 1024 threads) and their rule: up to 2560, and to 4096 from 16384
+// rows. Cache hints (y's lines kept with evict_last, y^T stored and the tile read
+// evict-first), 64-row tiles, and (H200) a tile shared in a cluster's shared memory
+// (blocks holding 16, 8 or 4 of its rows: 12-70% slower) did not help.
+NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy, int64_t rows, bool fp32_input) {
   NormFwdTileShape tile;
+  const bool staged_hidden =
+      fp32_input ? hidden <= kNormFwdStagedFp32MaxHidden ||
+                       (hidden <= kNormFwdStagedFp32WideMaxHidden && rows >= kNormFwdStagedFp32WideMinRows)
+                 : hidden <= kNormFwdStagedMaxHidden;
   if (hidden >= kNormFwdTiledMinHidden && hidden <= kNormFwdTiledMaxHidden && hidden % 256 == 0) {
     tile.rows = norm_fwd_row_shape(hidden);
     tile.rows.rows_per_block = kNormMaxBlockThreads / tile.rows.threads_per_row;
     tile.tile_rows = kNormFwdTileRows;
     tile.tile = NormTile::kShared;
-  } else if (rowwise_copy && hidden >= kNormFwdStagedMinHidden && hidden % 8 == 0 &&
-             (hidden <= kNormFwdStagedMaxHidden ||
-              (hidden <= kNormFwdStagedWideMaxHidden && rows >= kNormFwdStagedWideMinRows))) {
-    // rows of whole warps: as many as fit a block of kNormMaxBlockThreads, a power of two
-    // so that they divide the tile
+  } else if (rowwise_copy && hidden >= kNormFwdStagedMinHidden && hidden % 8 == 0 && staged_hidden) {
+    // rows of whole warps: as many as fit a block, a power of two so that they divide the tile
+    const int block_threads = fp32_input ? kNormMaxBlockThreads : kNormFwdStagedMaxBlockThreads;
     tile.rows = norm_fwd_row_shape(hidden);
     int rows_per_block = 1;
-    while (2 * rows_per_block * tile.rows.threads_per_row <= kNormMaxBlockThreads) rows_per_block *= 2;
+    while (2 * rows_per_block * tile.rows.threads_per_row <= block_threads &&
+           2 * rows_per_block <= kNormFwdStagedMaxRowsPerBlock) {
+      rows_per_block *= 2;
+    }
     tile.rows.rows_per_block = rows_per_block;
     tile.tile_rows = kNormFwdStagedTileRows;
     tile.tile = NormTile::kRowwiseCopy;
