@@ -176,8 +176,9 @@ constexpr int kNormFwdBlockBound =
 // module_ops.FusedAmax); its own instantiations, so the plain float-y kernels carry
 // no amax instructions (their PTX is the same as before it existed); the element-wise
 // kernels test p.amax at run time. The register cap of 64 (two blocks of 512 threads an
-// SM, or one of 1024: kNormFwdBlockBound) is for 16-bit inputs: an fp32 row takes twice the registers, and the element-wise kernels'
-// bounds and dtype switches more; capped, both spilled (ptxas, sm_90a).
+// SM, or one of 1024: kNormFwdBlockBound) is for 16-bit inputs: an fp32 row takes twice
+// the registers, and the element-wise kernels' bounds and dtype switches more; capped,
+// both spilled (ptxas, sm_90a).
 template <te_dtype kIn, te_dtype kOut, int kChunks, bool kLayerNorm, bool kVectorized, bool kFloatAmax = false,
           NormTile kTile = NormTile::kNone>
 __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn>,

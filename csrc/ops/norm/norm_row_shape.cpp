@@ -59,14 +59,14 @@ NormRowShape norm_fwd_row_shape(int64_t hidden) {
 // sectors of the transposed copy, no shared memory), in blocks of up to 1024 threads, one
 // an SM: a block's tile is then written and read back in half the time two blocks an SM
 // take, which keeps it in the L2 for longer rows. H100, bf16, against the two passes:
-// 2-16% faster (16384 x 2048 61.8 -> 57.5 us, 32768 x 2048 126.9 -> 109.5, 16384 x 4096
+// 1-16% faster (16384 x 2048 61.8 -> 57.5 us, 32768 x 2048 126.9 -> 109.5, 16384 x 4096
 // 127.1 -> 115.8, 16384 x 5120 172.7 -> 164.0), the H200 1-17% at 1152-2560; 8192 x 8192
-// even (128.1 -> 129.6). Blocks of 512 threads, two an SM (the same rows in flight) lost
-// from 5120 up (16384 x 5120 207.1 us) and at 3072-4096 where the tiles fit one wave
-// (8192 rows): the tiles of the blocks in flight outgrew what the L2 keeps (ncu: at 8192
-// x 8192 most of the tile was read from DRAM again). fp32 rows keep those blocks (their
-// registers do not fit 1024 threads) and their rule: up to 2560, and to 4096 from 16384
-// rows. Cache hints (y's lines kept with evict_last, y^T stored and the tile read
+// even (128.1 -> 129.6). Blocks of 512 threads, two an SM (the same rows in flight), lost
+// from 5120 up (16384 x 5120 207.1 us against 172.7) and at 3072-4096 where the tiles fit
+// one wave (8192 rows): the tiles of the blocks in flight outgrew what the L2 keeps (ncu:
+// at 8192 x 8192 most of the tile was read from DRAM again). fp32 rows keep those blocks
+// (their registers do not fit 1024 threads) and their rule: up to 2560, and to 4096 from
+// 16384 rows. Cache hints (y's lines kept with evict_last, y^T stored and the tile read
 // evict-first), 64-row tiles, and (H200) a tile shared in a cluster's shared memory
 // (blocks holding 16, 8 or 4 of its rows: 12-70% slower) did not help.
 NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy, int64_t rows, bool fp32_input) {
