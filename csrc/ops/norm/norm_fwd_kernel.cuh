@@ -15,10 +15,12 @@
 // of several warps): there at most four waves (two for rows shorter than a warp), and
 // at least two row groups a block (see norm_fwd_cuda).
 //
-// The tiled form (kTiled, norm_fwd_tiled.cu) walks tiles of consecutive rows instead:
+// The tiled forms (kTile, norm_fwd_tiled.cu) walk tiles of consecutive rows instead:
 // the row groups normalize a tile's rows in turn, the FP8 bytes of each go to the
-// row-wise copy and to the tile in shared memory, and behind a barrier the block
-// writes the tile's transpose (tile_slot, store_tile_transposed).
+// row-wise copy and (NormTile::kShared) to the tile in shared memory, and behind a
+// barrier the block writes the tile's transpose (store_tile_transposed), from shared
+// memory (tile_slot) or (NormTile::kRowwiseCopy) from the row-wise copy it has just
+// written, still in the L2.
 //
 // Statistics (LayerNorm): one reduction of a pair, the sums of d = x - pivot and
 // of d^2, where the pivot is the mean of the row's first 8 elements (a shuffle from
@@ -117,7 +119,7 @@ __device__ __forceinline__ float row_pivot(const In* row, int hidden) {
   }
 }
 
-// The tiled kernel's shared-memory tile (kTiled): tile_rows rows of hidden FP8 bytes,
+// The tiled kernel's shared-memory tile (NormTile::kShared): tile_rows rows of hidden FP8 bytes,
 // as 8-byte slots, row r's slot s at r * slots + (s ^ swizzle), where the swizzle is
 // the row's 8-row block times 128 / tile_rows (below 16; hidden % 128 == 0 keeps the
 // slot in its row). A row group writes its row's consecutive slots (distinct banks);
