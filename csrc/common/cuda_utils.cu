@@ -39,6 +39,12 @@ int compute_capability_major(int device) {
                                  "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
 }
 
+int max_block_shared_memory(int device) {
+  static std::atomic<int> cached[kMaxDevices] = {};
+  return cached_device_attribute(cached, cudaDevAttrMaxSharedMemoryPerBlockOptin, device,
+                                 "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+}
+
 namespace {
 
 // Occupancy of a kernel at a block size, computed once per (kernel, block size).

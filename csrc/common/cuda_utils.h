@@ -46,6 +46,10 @@ class DeviceGuard {
 int multiprocessor_count(int device);
 // The major compute capability of `device` (9 for Hopper), queried once per device.
 int compute_capability_major(int device);
+// The most shared memory a block of `device` may take, static and dynamic together, once
+// a kernel opts in (cudaFuncAttributeMaxDynamicSharedMemorySize): 227 KiB on Hopper, 163
+// KiB on an A100. Queried once per device.
+int max_block_shared_memory(int device);
 
 // Blocks for a kernel that strides over its work: one thread per work item,
 // capped at `waves` times the blocks of `kernel` that are resident on all SMs at

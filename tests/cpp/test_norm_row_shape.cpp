@@ -51,69 +51,104 @@ TEST(NormRowShape, ForwardBuckets) {
 
 TEST(NormRowShape, TiledForward) {
   using opente::NormTile;
+  using opente::NormType;
   for (int64_t hidden = 1; hidden <= opente::kNormFwdMaxRegisterHidden + 1; ++hidden) {
-    for (const bool rowwise : {false, true}) {
-      for (const bool fp32 : {false, true}) {
-        for (const int64_t rows :
-             {int64_t(8), opente::kNormFwdStagedFp32WideMinRows - 8, opente::kNormFwdStagedFp32WideMinRows}) {
-          SCOPED_TRACE(testing::Message() << "tiled forward, " << rows << " x " << hidden << (fp32 ? ", fp32" : "")
-                                          << (rowwise ? ", row-wise copy" : ""));
-          const opente::NormFwdTileShape tile = opente::norm_fwd_tile_shape(hidden, rowwise, rows, fp32);
-          const bool shared =
-              hidden >= opente::kNormFwdTiledMinHidden && hidden <= opente::kNormFwdTiledMaxHidden && hidden % 256 == 0;
-          const int64_t staged_max = !fp32 ? opente::kNormFwdStagedMaxHidden
-                                     : rows >= opente::kNormFwdStagedFp32WideMinRows
-                                         ? opente::kNormFwdStagedFp32WideMaxHidden
-                                         : opente::kNormFwdStagedFp32MaxHidden;
-          const bool staged = !shared && rowwise && hidden >= opente::kNormFwdStagedMinHidden &&
-                              hidden <= staged_max && hidden % 8 == 0;
-          ASSERT_EQ(tile.taken(), shared || staged);
-          if (!tile.taken()) continue;
-          EXPECT_EQ(tile.tile, shared ? NormTile::kShared : NormTile::kRowwiseCopy);
-          // the forward's row groups (same chunks and lanes), more of them a block: up to
-          // 1024 threads for the 16-bit rows of the tile from the row-wise copy (the
-          // kernel's __launch_bounds__, kNormFwdBlockBound)
-          const int max_threads = staged && !fp32 ? opente::kNormFwdStagedMaxBlockThreads : opente::kNormMaxBlockThreads;
-          check_shape(tile.rows, hidden, "tiled forward", max_threads);
-          const NormRowShape plain = opente::norm_fwd_row_shape(hidden);
-          EXPECT_EQ(tile.rows.chunks, opente::kNormFwdChunks);  // the only bucket norm_fwd_tiled.cu instantiates
-          EXPECT_EQ(tile.rows.threads_per_row, plain.threads_per_row);
-          EXPECT_EQ(tile.hidden, hidden);
-          // the block's row groups divide the tile; whole 32-byte sectors of the transposed copy
-          EXPECT_TRUE(is_power_of_two(tile.rows.rows_per_block));
-          EXPECT_EQ(tile.tile_rows % tile.rows.rows_per_block, 0);
-          EXPECT_EQ(tile.tile_rows % 32, 0);
-          if (shared) {
-            EXPECT_EQ(tile.rows.threads_per_row, 32);  // a warp a row
-            EXPECT_EQ(tile.rows.block_threads(), opente::kNormMaxBlockThreads);
-            // the tile's swizzle (row block times 128 / tile_rows) below 16 slots
-            EXPECT_LT((tile.tile_rows / 8 - 1) * (128 / tile.tile_rows), 16);
-            // two blocks an SM beside the kernel's static shared memory
-            EXPECT_LE(2 * tile.smem_bytes(), size_t(kMaxSmemPerBlock) - 2048);
-          } else {
-            // the largest power of two of whole rows within a block, at most 8 (named barriers)
-            EXPECT_LE(tile.rows.rows_per_block, opente::kNormFwdStagedMaxRowsPerBlock);
-            EXPECT_TRUE(tile.rows.rows_per_block == opente::kNormFwdStagedMaxRowsPerBlock ||
-                        2 * tile.rows.block_threads() > max_threads);
-            EXPECT_EQ(tile.smem_bytes(), 0u);
+    for (const NormType type : {NormType::kLayerNorm, NormType::kRMSNorm}) {
+      for (const bool rowwise : {false, true}) {
+        for (const bool fp32 : {false, true}) {
+          for (const int64_t rows :
+               {int64_t(8), opente::kNormFwdStagedFp32WideMinRows - 8, opente::kNormFwdStagedFp32WideMinRows}) {
+            SCOPED_TRACE(testing::Message() << "tiled forward, " << rows << " x " << hidden << (fp32 ? ", fp32" : "")
+                                            << (rowwise ? ", row-wise copy" : "")
+                                            << (type == NormType::kRMSNorm ? ", rmsnorm" : ", layernorm"));
+            const opente::NormFwdTileShape tile =
+                opente::norm_fwd_tile_shape(hidden, rowwise, rows, fp32, type, kMaxSmemPerBlock);
+            const bool short_shared =
+                hidden >= opente::kNormFwdTiledMinHidden && hidden <= opente::kNormFwdTiledMaxHidden && hidden % 256 == 0;
+            const bool rms_shared = !short_shared && type == NormType::kRMSNorm && !fp32 &&
+                                    hidden >= opente::kNormFwdRmsSharedMinHidden &&
+                                    hidden <= opente::kNormFwdRmsSharedMaxHidden && hidden % 128 == 0;
+            const int64_t staged_max = !fp32 ? opente::kNormFwdStagedMaxHidden
+                                       : rows >= opente::kNormFwdStagedFp32WideMinRows
+                                           ? opente::kNormFwdStagedFp32WideMaxHidden
+                                           : opente::kNormFwdStagedFp32MaxHidden;
+            const bool staged = !short_shared && !rms_shared && rowwise && hidden >= opente::kNormFwdStagedMinHidden &&
+                                hidden <= staged_max && hidden % 8 == 0;
+            ASSERT_EQ(tile.taken(), short_shared || rms_shared || staged);
+            if (!tile.taken()) continue;
+            EXPECT_EQ(tile.tile, staged ? NormTile::kRowwiseCopy : NormTile::kShared);
+            // the forward's row groups (same chunks and lanes), more of them a block: up to
+            // 1024 threads for the 16-bit rows of the hidden sizes past 1024 (the kernel's
+            // __launch_bounds__, kNormFwdBlockBound)
+            const int max_threads =
+                !short_shared && !fp32 ? opente::kNormFwdStagedMaxBlockThreads : opente::kNormMaxBlockThreads;
+            check_shape(tile.rows, hidden, "tiled forward", max_threads);
+            const NormRowShape plain = opente::norm_fwd_row_shape(hidden);
+            EXPECT_EQ(tile.rows.chunks, opente::kNormFwdChunks);  // the only bucket norm_fwd_tiled.cu instantiates
+            EXPECT_EQ(tile.rows.threads_per_row, plain.threads_per_row);
+            EXPECT_EQ(tile.hidden, hidden);
+            // the block's row groups divide the tile; whole 32-byte sectors of the transposed copy
+            EXPECT_TRUE(is_power_of_two(tile.rows.rows_per_block));
+            EXPECT_EQ(tile.tile_rows % tile.rows.rows_per_block, 0);
+            EXPECT_EQ(tile.tile_rows % 32, 0);
+            if (tile.tile == NormTile::kShared) {
+              // the tile's swizzle (row block times 128 / tile_rows) below 16 slots, and the
+              // slots of a row within it (hidden % 128 == 0)
+              EXPECT_LT((tile.tile_rows / 8 - 1) * (128 / tile.tile_rows), 16);
+              EXPECT_EQ(hidden % 128, 0);
+              // beside the kernel's static shared memory: two blocks an SM for short rows, one for RMSNorm's
+              EXPECT_LE((short_shared ? 2 : 1) * (tile.smem_bytes() + opente::kNormFwdStaticSmemBound),
+                        size_t(kMaxSmemPerBlock));
+            } else {
+              EXPECT_EQ(tile.smem_bytes(), 0u);
+            }
+            if (short_shared) {
+              EXPECT_EQ(tile.rows.threads_per_row, 32);  // a warp a row
+              EXPECT_EQ(tile.rows.block_threads(), opente::kNormMaxBlockThreads);
+            } else {
+              // the largest power of two of whole rows within a block, at most 8 (named barriers)
+              EXPECT_LE(tile.rows.rows_per_block, opente::kNormFwdStagedMaxRowsPerBlock);
+              EXPECT_TRUE(tile.rows.rows_per_block == opente::kNormFwdStagedMaxRowsPerBlock ||
+                          2 * tile.rows.block_threads() > max_threads);
+            }
           }
         }
       }
     }
   }
-  EXPECT_TRUE(opente::norm_fwd_tile_shape(768, false, 8, false).taken());
-  EXPECT_TRUE(opente::norm_fwd_tile_shape(1024, true, 8, false).taken());
-  EXPECT_FALSE(opente::norm_fwd_tile_shape(896, true, 8, false).taken());
-  EXPECT_FALSE(opente::norm_fwd_tile_shape(2048, false, 8, false).taken());  // no row-wise copy to read back
-  EXPECT_EQ(opente::norm_fwd_tile_shape(2048, true, 8, false).tile, NormTile::kRowwiseCopy);
+  const auto shape = [](int64_t hidden, bool rowwise, int64_t rows, bool fp32,
+                        NormType type = NormType::kLayerNorm, size_t smem = kMaxSmemPerBlock) {
+    return opente::norm_fwd_tile_shape(hidden, rowwise, rows, fp32, type, smem);
+  };
+  EXPECT_TRUE(shape(768, false, 8, false).taken());
+  EXPECT_TRUE(shape(1024, true, 8, false).taken());
+  EXPECT_FALSE(shape(896, true, 8, false).taken());
+  EXPECT_FALSE(shape(2048, false, 8, false).taken());  // no row-wise copy to read back
+  EXPECT_EQ(shape(2048, true, 8, false).tile, NormTile::kRowwiseCopy);
   // 16-bit hidden 4096: blocks of 1024 threads (eight rows of four warps), at any rows
-  const opente::NormFwdTileShape wide = opente::norm_fwd_tile_shape(4096, true, 8, false);
+  const opente::NormFwdTileShape wide = shape(4096, true, 8, false);
   EXPECT_EQ(wide.tile, NormTile::kRowwiseCopy);
   EXPECT_EQ(wide.rows.block_threads(), 1024);
-  EXPECT_FALSE(opente::norm_fwd_tile_shape(6144, true, 65536, false).taken());
+  EXPECT_FALSE(shape(6144, true, 65536, false).taken());
   // fp32 hidden 4096: the two passes below 16384 rows, the tile from the row-wise copy from there
-  EXPECT_FALSE(opente::norm_fwd_tile_shape(4096, true, 8192, true).taken());
-  EXPECT_EQ(opente::norm_fwd_tile_shape(4096, true, 16384, true).rows.block_threads(), 512);
+  EXPECT_FALSE(shape(4096, true, 8192, true).taken());
+  EXPECT_EQ(shape(4096, true, 16384, true).rows.block_threads(), 512);
+  // RMSNorm, 16-bit rows of hidden 3072 to 7168: the tile in shared memory, with or
+  // without a row-wise copy, 224 KiB at 7168; where the GPU's block holds less (an A100:
+  // 163 KiB), the tile from the row-wise copy up to 5120 and the two passes above
+  const opente::NormFwdTileShape rms = shape(7168, false, 8, false, NormType::kRMSNorm);
+  EXPECT_EQ(rms.tile, NormTile::kShared);
+  EXPECT_EQ(rms.smem_bytes(), size_t(224 * 1024));
+  EXPECT_EQ(rms.rows.block_threads(), 4 * 224);
+  EXPECT_EQ(shape(3072, true, 8, false, NormType::kRMSNorm).tile, NormTile::kShared);
+  EXPECT_EQ(shape(2560, true, 8, false, NormType::kRMSNorm).tile, NormTile::kRowwiseCopy);
+  EXPECT_EQ(shape(4104, true, 8, false, NormType::kRMSNorm).tile, NormTile::kRowwiseCopy);  // not a multiple of 128
+  EXPECT_FALSE(shape(8192, true, 8, false, NormType::kRMSNorm).taken());
+  EXPECT_FALSE(shape(4096, true, 16384, true, NormType::kRMSNorm).tile == NormTile::kShared);  // fp32 rows
+  constexpr size_t kA100Smem = 163 * 1024;
+  EXPECT_EQ(shape(5120, true, 8, false, NormType::kRMSNorm, kA100Smem).tile, NormTile::kShared);
+  EXPECT_EQ(shape(5120, false, 8, false, NormType::kRMSNorm, kA100Smem).tile, NormTile::kShared);
+  EXPECT_FALSE(shape(6144, true, 8, false, NormType::kRMSNorm, kA100Smem).taken());
 }
 
 TEST(NormRowShape, BackwardBuckets) {

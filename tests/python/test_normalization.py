@@ -920,12 +920,16 @@ def test_fwd_fp8_both_copies_cuda_back_to_back(norm, hidden, device, gen):
 # row-wise copy: 1032 (two warps a row, one nearly idle), 1152, 2048, 2560 (three-warp
 # rows), 4136 x 2056 (130 tiles, the last a partial one), 34000 x 1152 (blocks stride over
 # tiles), 40 x 3072 (fp32: the two passes), 16392 x 4096 (1024-thread blocks; fp32 from
-# 16384 rows) and 40 x 5120 (five-warp rows, four a block). 36 x 1024, 64 x 1000, 40 x 896,
-# 36 x 2048, 40 x 6144 and 72 x 12296 are shapes both leave to the two passes (the C++
-# test TiledForward checks the rule at every hidden size).
+# 16384 rows), 40 x 4104 and 40 x 5120 (five-warp rows, four a block). RMSNorm's 16-bit
+# rows of 3072 to 7168, multiples of 128, keep their 32-row tile in shared memory: 40 x
+# 3072, 40 x 3200, 16392 x 4096, 40 x 5120, 40 x 6144, 40 x 7168 (seven-warp rows, 224 KiB
+# of tile), where LayerNorm reads back from the row-wise copy (up to 5120) or takes the two
+# passes. 36 x 1024, 64 x 1000, 40 x 896, 36 x 2048, 40 x 7296 and 72 x 12296 are shapes
+# both norms leave to the two passes (the C++ test TiledForward checks the rule at every
+# hidden size).
 TILED_SHAPES = [(8, 768), (72, 768), (200, 1024), (4104, 1024), (70000, 768), (36, 1024), (64, 1000), (40, 896),
                 (40, 1032), (8, 1152), (264, 2048), (40, 2560), (4136, 2056), (34000, 1152), (36, 2048), (40, 3072),
-                (16392, 4096), (40, 5120), (40, 6144), (72, 12296)]
+                (40, 3200), (16392, 4096), (40, 4104), (40, 5120), (40, 6144), (40, 7168), (40, 7296), (72, 12296)]
 
 
 def run_fwd_fp8_both_ways(norm, x, w, b, fp8_dtype, device):
@@ -963,14 +967,15 @@ def test_fwd_fp8_both_copies_tiled_cuda(norm, x_dtype, shape, fp8_dtype, device,
 
 
 @pytest.mark.parametrize("device", ["cpu"] + CUDA)
-@pytest.mark.parametrize("shape", [(72, 768), (64, 1000), (37, 1024), (40, 2048)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(72, 768), (64, 1000), (37, 1024), (40, 2048), (40, 4096)],
+                         ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_fp8_columnwise_copy_alone(norm, shape, device, gen):
     """An FP8 output with only its column-wise copy (the C API allows a null row-wise
     buffer; the Python wrappers always ask for both): the copy equals the transposed
     row-wise copy of the usual call, bytes past it untouched. 72 x 768 takes the tiled
-    kernel on CUDA, the others the row kernel's byte stores (40 x 2048: no row-wise copy
-    for the tile to be read back from)."""
+    kernel's shared tile on CUDA, and so does RMSNorm's 40 x 4096; the others the row
+    kernel's byte stores (40 x 2048: no row-wise copy for the tile to be read back from)."""
     rows, hidden = shape
     x, w, b = make_inputs((rows,), hidden, torch.bfloat16, torch.float32, False, gen)
     x, w, b = x.to(device), w.to(device), b.to(device)

@@ -16,7 +16,7 @@ using norm_kernels::kChunk;
 using norm_kernels::norm_fwd_rows_kernel;
 
 void norm_fwd_cuda(const NormFwdParams& p, int device, void* workspace, size_t workspace_size, void* stream) {
-  if (norm_fwd_tiled_takes(p)) {  // both FP8 copies in one pass where the shape allows
+  if (norm_fwd_tiled_takes(p, device)) {  // both FP8 copies in one pass where the shape allows
     norm_fwd_tiled_cuda(p, device, stream);
     return;
   }

@@ -161,12 +161,13 @@ __device__ __forceinline__ void store_tile_transposed(LoadSlot load_slot, uint8_
   }
 }
 
-// Threads a block of the kernel may have: the tile read back from the row-wise copy takes
-// 16-bit rows in blocks of up to kNormFwdStagedMaxBlockThreads (one an SM, norm_row_shape.cpp),
-// every other form blocks of up to kNormMaxBlockThreads (two an SM for 16-bit rows).
+// Threads a block of the kernel may have: the tiled forms take 16-bit rows in blocks of up
+// to kNormFwdStagedMaxBlockThreads (one an SM, norm_row_shape.cpp; the shared tile of hidden
+// 768 / 1024 launches 512, two an SM, under the same 64 registers), the row kernel and fp32
+// rows blocks of up to kNormMaxBlockThreads (two an SM for 16-bit rows).
 template <NormTile kTile, te_dtype kIn>
 constexpr int kNormFwdBlockBound =
-    kTile == NormTile::kRowwiseCopy && kIn != TE_DTYPE_FLOAT32 ? kNormFwdStagedMaxBlockThreads : kNormMaxBlockThreads;
+    kTile != NormTile::kNone && kIn != TE_DTYPE_FLOAT32 ? kNormFwdStagedMaxBlockThreads : kNormMaxBlockThreads;
 
 // kChunks: the shape's bucket (8-element chunks a thread holds). kVectorized: see
 // RowShare; it also requires gamma and beta 16-byte aligned, and the row-wise

@@ -20,14 +20,15 @@ using norm_kernels::norm_fwd_rows_kernel;
 
 namespace {
 
-NormFwdTileShape tile_shape_of(const NormFwdParams& p) {
-  return norm_fwd_tile_shape(p.hidden, p.output != nullptr, p.rows, p.in_dtype == TE_DTYPE_FLOAT32);
+NormFwdTileShape tile_shape_of(const NormFwdParams& p, int device) {
+  return norm_fwd_tile_shape(p.hidden, p.output != nullptr, p.rows, p.in_dtype == TE_DTYPE_FLOAT32, p.type,
+                             size_t(max_block_shared_memory(device)));
 }
 
 }  // namespace
 
-bool norm_fwd_tiled_takes(const NormFwdParams& p) {
-  const NormFwdTileShape tile = tile_shape_of(p);
+bool norm_fwd_tiled_takes(const NormFwdParams& p, int device) {
+  const NormFwdTileShape tile = tile_shape_of(p, device);
   // 8-byte pieces of the transposed copy: rows % 8 == 0, both outputs 8-byte aligned;
   // 16-byte vectors of the row (hidden % 8 == 0 by norm_fwd_tile_shape)
   return p.output_t && is_fp8(p.out_dtype) && p.rows > 0 && p.rows % 8 == 0 && tile.taken() &&
@@ -37,7 +38,7 @@ bool norm_fwd_tiled_takes(const NormFwdParams& p) {
 
 void norm_fwd_tiled_cuda(const NormFwdParams& p, int device, void* stream) {
   DeviceGuard guard(device);
-  const NormFwdTileShape tile = tile_shape_of(p);
+  const NormFwdTileShape tile = tile_shape_of(p, device);
   auto launch = [&](auto kernel) {
     // the kernel takes an amax (four waves at most, as norm_fwd_cuda's), and a block
     // at least a tile

@@ -34,9 +34,9 @@ NormRowShape norm_fwd_row_shape(int64_t hidden);
 // Both FP8 copies in one pass (norm_fwd_tiled.cu): a block normalizes `tile_rows`
 // consecutive rows with the forward's row groups, keeps their FP8 bytes, then writes the
 // tile's transpose, tile_rows consecutive bytes (whole 32-byte sectors) of each of its
-// columns. Short rows keep the tile in shared memory; longer ones, whose tile would leave
-// one block an SM, read it back from the row-wise copy they have just written, while its
-// lines are still in the L2.
+// columns. The tile stays in shared memory (short rows, and RMSNorm's 16-bit rows up to
+// what a block's shared memory holds) or is read back from the row-wise copy the block
+// has just written, while its lines are still in the L2.
 enum class NormTile {
   kNone,         // the row kernel alone
   kShared,       // the tile in shared memory (tile_slot's layout)
@@ -52,15 +52,23 @@ struct NormFwdTileShape {
   // the shared tile's FP8 bytes; none where the row-wise copy holds the tile
   size_t smem_bytes() const { return tile == NormTile::kShared ? size_t(tile_rows) * size_t(hidden) : 0; }
 };
-// For `rows` rows of `hidden` elements, whether the call writes a row-wise copy and
-// whether x is fp32: a shared tile for hidden 768 and 1024 (multiples of 128 keep the
-// tile's swizzled 8-byte slots in their row: norm_fwd_kernel.cuh; 896 was measured and
-// left out, see norm_row_shape.cpp); with a row-wise copy, the tile from it for hidden
-// kNormFwdStagedMinHidden to kNormFwdStagedMaxHidden, multiples of 8, in blocks of up to
-// kNormFwdStagedMaxBlockThreads; for fp32 rows (whose registers allow blocks of
-// kNormMaxBlockThreads only) up to kNormFwdStagedFp32MaxHidden, and to
-// kNormFwdStagedFp32WideMaxHidden with kNormFwdStagedFp32WideMinRows rows or more.
-NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy, int64_t rows, bool fp32_input);
+// For `rows` rows of `hidden` elements of norm `type`, whether the call writes a row-wise
+// copy, whether x is fp32, and the most shared memory a block of the GPU may take
+// (max_block_shared_memory):
+// - a shared tile of 64 rows for hidden 768 and 1024 (multiples of 128 keep the tile's
+//   swizzled 8-byte slots in their row: norm_fwd_kernel.cuh; 896 was measured and left
+//   out, see norm_row_shape.cpp), in blocks of kNormMaxBlockThreads;
+// - for RMSNorm's 16-bit rows of hidden kNormFwdRmsSharedMinHidden to
+//   kNormFwdRmsSharedMaxHidden, multiples of 128, a shared tile of kNormFwdRmsSharedTileRows
+//   rows in blocks of up to kNormFwdStagedMaxBlockThreads, where the tile beside the
+//   kernel's static shared memory (kNormFwdStaticSmemBound) fits the GPU's block;
+// - else with a row-wise copy, the tile from it for hidden kNormFwdStagedMinHidden to
+//   kNormFwdStagedMaxHidden, multiples of 8, in blocks of up to
+//   kNormFwdStagedMaxBlockThreads; for fp32 rows (whose registers allow blocks of
+//   kNormMaxBlockThreads only) up to kNormFwdStagedFp32MaxHidden, and to
+//   kNormFwdStagedFp32WideMaxHidden with kNormFwdStagedFp32WideMinRows rows or more.
+NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy, int64_t rows, bool fp32_input, NormType type,
+                                     size_t max_block_smem);
 constexpr int64_t kNormFwdTiledMinHidden = 768;
 constexpr int64_t kNormFwdTiledMaxHidden = 1024;
 constexpr int kNormFwdTileRows = 64;
@@ -74,6 +82,11 @@ constexpr int kNormFwdStagedTileRows = 32;
 // are 1 to 8; the hardware has 16)
 constexpr int kNormFwdStagedMaxBlockThreads = 1024;
 constexpr int kNormFwdStagedMaxRowsPerBlock = 8;
+constexpr int64_t kNormFwdRmsSharedMinHidden = 3072;
+constexpr int64_t kNormFwdRmsSharedMaxHidden = 7168;  // 224 KiB of tile: Hopper's 227 KiB a block
+constexpr int kNormFwdRmsSharedTileRows = 32;
+// the forward kernel's static shared memory (reduction and amax slots, under 1 KiB), at most
+constexpr size_t kNormFwdStaticSmemBound = 2048;
 
 // The backward's; chunks == 0 beyond kNormBwdMaxRegisterHidden.
 NormRowShape norm_bwd_row_shape(int64_t hidden);
@@ -126,9 +139,9 @@ bool norm_bwd_pipelined_takes(const NormBwdParams& p);
 int64_t norm_bwd_pipelined_cuda(const NormBwdParams& p, int device, float* partials, void* stream);
 
 // The tiled forward (norm_fwd_tiled.cu): whether it takes this call (an FP8 y with its
-// transposed copy, a shape norm_fwd_tile_shape takes, rows % 8 == 0, aligned buffers),
+// transposed copy, a shape norm_fwd_tile_shape takes on `device`, rows % 8 == 0, aligned buffers),
 // and its launch.
-bool norm_fwd_tiled_takes(const NormFwdParams& p);
+bool norm_fwd_tiled_takes(const NormFwdParams& p, int device);
 void norm_fwd_tiled_cuda(const NormFwdParams& p, int device, void* stream);
 
 // Fallback kernels for rows too long for registers.

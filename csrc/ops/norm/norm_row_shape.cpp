@@ -45,16 +45,31 @@ NormRowShape norm_fwd_row_shape(int64_t hidden) {
   return row_shape(hidden, hidden <= 512 ? kNormFwdSmallChunks : kNormFwdChunks, 256);
 }
 
+namespace {
+
+// Row groups for a 32-row tile in a block of up to `block_threads`:
+// whole rows (whole warps above hidden 1024), as many as fit, a power of two so that they
+// divide the tile, at most kNormFwdStagedMaxRowsPerBlock (their named barriers).
+NormRowShape tile_row_groups(int64_t hidden, int block_threads) {
+  NormRowShape rows = norm_fwd_row_shape(hidden);
+  int rows_per_block = 1;
+  while (2 * rows_per_block * rows.threads_per_row <= block_threads &&
+         2 * rows_per_block <= kNormFwdStagedMaxRowsPerBlock) {
+    rows_per_block *= 2;
+  }
+  rows.rows_per_block = rows_per_block;
+  return rows;
+}
+
+}  // namespace
+
 // The tiled forward. Hidden 768 and 1024, the tile in shared memory: blocks of 512
 // threads (the register kernels' bound), 16 rows of a warp each, so a 64-row tile (64 KiB
 // at hidden 1024: two blocks an SM) takes four passes of the block. H100, against the two
 // passes: 5-14% faster at hidden 768 and 1024; at 896 (a quarter of each warp's last
 // chunk idle) rmsnorm 5% faster but layernorm 2% slower, so 896 keeps the two passes
 // (benchmarks/RESULTS.md). Tiles of 32 rows were no faster there, of 16 (half sectors of
-// the transposed copy) 1.2-2x slower. Longer rows in a shared tile left one block an SM
-// (slower), and rows of several warps made racecheck report hazards between a tile
-// slot's write and its read across the block's barrier (the kind it reported beside the
-// row groups' named barriers before: RESULTS.md, sixteenth session).
+// the transposed copy) 1.2-2x slower.
 // Hidden 1025 to 5120 read a 32-row tile back from the row-wise copy instead (whole
 // sectors of the transposed copy, no shared memory), in blocks of up to 1024 threads, one
 // an SM: a block's tile is then written and read back in half the time two blocks an SM
@@ -69,27 +84,41 @@ NormRowShape norm_fwd_row_shape(int64_t hidden) {
 // 16384 rows. Cache hints (y's lines kept with evict_last, y^T stored and the tile read
 // evict-first), 64-row tiles, and (H200) a tile shared in a cluster's shared memory
 // (blocks holding 16, 8 or 4 of its rows: 12-70% slower) did not help.
-NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy, int64_t rows, bool fp32_input) {
+// RMSNorm's 16-bit rows of hidden 3072 to 7168 keep that 32-row tile in the shared memory
+// of the same 1024-thread blocks (224 KiB at 7168): no L2 lines to lose, and the
+// transpose reads shared memory. H100, against the tile from the row-wise copy: 16384 x
+// 3072 88.8 -> 84.5 us (8192 x 3072 even, 44.8 / 45.1), 8192 x 4096 59.4 -> 57.1, 16384 x
+// 4096 115.0 -> 108.0, 16384 x 5120 165.0 -> 150.6, and against the two passes 16384 x
+// 6144 191.5 -> 169.9, 8192 x 7168 111.9 -> 104.1; mixed below 3072 (16384 x 1152 35.8 ->
+// 37.6, 32768 x 2048 109.1 -> 106.0). LayerNorm lost below 4096 (16384 x 2048 58.0 -> 61.0)
+// and gained from 5120 (16384 x 6144 199.8 -> 184.6), but a row group of several warps
+// that sums its squares again (an outlier among the row's first elements, see
+// norm_fwd_kernel.cuh) passes one named barrier more than the block's other groups, and
+// compute-sanitizer's racecheck then reported the tile's writes and reads across the
+// block's barrier as hazards (the SASS has the barrier between them; with every group
+// summing again the reports went, and so did 8-10% of the speed). RMSNorm's groups pass
+// the same barriers, and racecheck is clean; LayerNorm keeps the row-wise copy's tile.
+NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy, int64_t rows, bool fp32_input, NormType type,
+                                     size_t max_block_smem) {
   NormFwdTileShape tile;
   const bool staged_hidden =
       fp32_input ? hidden <= kNormFwdStagedFp32MaxHidden ||
                        (hidden <= kNormFwdStagedFp32WideMaxHidden && rows >= kNormFwdStagedFp32WideMinRows)
                  : hidden <= kNormFwdStagedMaxHidden;
+  const bool rms_shared = type == NormType::kRMSNorm && !fp32_input && hidden >= kNormFwdRmsSharedMinHidden &&
+                          hidden <= kNormFwdRmsSharedMaxHidden && hidden % 128 == 0 &&
+                          size_t(kNormFwdRmsSharedTileRows) * size_t(hidden) + kNormFwdStaticSmemBound <= max_block_smem;
   if (hidden >= kNormFwdTiledMinHidden && hidden <= kNormFwdTiledMaxHidden && hidden % 256 == 0) {
     tile.rows = norm_fwd_row_shape(hidden);
     tile.rows.rows_per_block = kNormMaxBlockThreads / tile.rows.threads_per_row;
     tile.tile_rows = kNormFwdTileRows;
     tile.tile = NormTile::kShared;
+  } else if (rms_shared) {
+    tile.rows = tile_row_groups(hidden, kNormFwdStagedMaxBlockThreads);
+    tile.tile_rows = kNormFwdRmsSharedTileRows;
+    tile.tile = NormTile::kShared;
   } else if (rowwise_copy && hidden >= kNormFwdStagedMinHidden && hidden % 8 == 0 && staged_hidden) {
-    // rows of whole warps: as many as fit a block, a power of two so that they divide the tile
-    const int block_threads = fp32_input ? kNormMaxBlockThreads : kNormFwdStagedMaxBlockThreads;
-    tile.rows = norm_fwd_row_shape(hidden);
-    int rows_per_block = 1;
-    while (2 * rows_per_block * tile.rows.threads_per_row <= block_threads &&
-           2 * rows_per_block <= kNormFwdStagedMaxRowsPerBlock) {
-      rows_per_block *= 2;
-    }
-    tile.rows.rows_per_block = rows_per_block;
+    tile.rows = tile_row_groups(hidden, fp32_input ? kNormMaxBlockThreads : kNormFwdStagedMaxBlockThreads);
     tile.tile_rows = kNormFwdStagedTileRows;
     tile.tile = NormTile::kRowwiseCopy;
   } else {
