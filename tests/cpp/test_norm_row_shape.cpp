@@ -65,16 +65,17 @@ TEST(NormRowShape, TiledForward) {
                 opente::norm_fwd_tile_shape(hidden, rowwise, rows, fp32, type, kMaxSmemPerBlock);
             const bool short_shared =
                 hidden >= opente::kNormFwdTiledMinHidden && hidden <= opente::kNormFwdTiledMaxHidden && hidden % 256 == 0;
-            const bool rms_shared = !short_shared && type == NormType::kRMSNorm && !fp32 &&
-                                    hidden >= opente::kNormFwdRmsSharedMinHidden &&
-                                    hidden <= opente::kNormFwdRmsSharedMaxHidden && hidden % 128 == 0;
+            const int64_t shared_min = type == NormType::kRMSNorm ? opente::kNormFwdRmsSharedMinHidden
+                                                                  : opente::kNormFwdLnSharedMinHidden;
+            const bool wide_shared = !short_shared && !fp32 && hidden >= shared_min &&
+                                     hidden <= opente::kNormFwdSharedMaxHidden && hidden % 128 == 0;
             const int64_t staged_max = !fp32 ? opente::kNormFwdStagedMaxHidden
                                        : rows >= opente::kNormFwdStagedFp32WideMinRows
                                            ? opente::kNormFwdStagedFp32WideMaxHidden
                                            : opente::kNormFwdStagedFp32MaxHidden;
-            const bool staged = !short_shared && !rms_shared && rowwise && hidden >= opente::kNormFwdStagedMinHidden &&
+            const bool staged = !short_shared && !wide_shared && rowwise && hidden >= opente::kNormFwdStagedMinHidden &&
                                 hidden <= staged_max && hidden % 8 == 0;
-            ASSERT_EQ(tile.taken(), short_shared || rms_shared || staged);
+            ASSERT_EQ(tile.taken(), short_shared || wide_shared || staged);
             if (!tile.taken()) continue;
             EXPECT_EQ(tile.tile, staged ? NormTile::kRowwiseCopy : NormTile::kShared);
             // the forward's row groups (same chunks and lanes), more of them a block: up to
@@ -96,7 +97,7 @@ TEST(NormRowShape, TiledForward) {
               // slots of a row within it (hidden % 128 == 0)
               EXPECT_LT((tile.tile_rows / 8 - 1) * (128 / tile.tile_rows), 16);
               EXPECT_EQ(hidden % 128, 0);
-              // beside the kernel's static shared memory: two blocks an SM for short rows, one for RMSNorm's
+              // beside the kernel's static shared memory: two blocks an SM for short rows, one for wide ones
               EXPECT_LE((short_shared ? 2 : 1) * (tile.smem_bytes() + opente::kNormFwdStaticSmemBound),
                         size_t(kMaxSmemPerBlock));
             } else {
@@ -129,7 +130,14 @@ TEST(NormRowShape, TiledForward) {
   const opente::NormFwdTileShape wide = shape(4096, true, 8, false);
   EXPECT_EQ(wide.tile, NormTile::kRowwiseCopy);
   EXPECT_EQ(wide.rows.block_threads(), 1024);
-  EXPECT_FALSE(shape(6144, true, 65536, false).taken());
+  // LayerNorm's 16-bit rows past the row-wise copy's tile (5248 to 7168): the shared tile
+  EXPECT_EQ(shape(5120, true, 8, false).tile, NormTile::kRowwiseCopy);
+  EXPECT_FALSE(shape(5120, false, 8, false).taken());
+  EXPECT_EQ(shape(5248, true, 8, false).tile, NormTile::kShared);
+  EXPECT_EQ(shape(6144, false, 65536, false).tile, NormTile::kShared);
+  EXPECT_EQ(shape(7168, true, 8, false).smem_bytes(), size_t(224 * 1024));
+  EXPECT_FALSE(shape(7296, true, 8, false).taken());
+  EXPECT_FALSE(shape(6144, true, 65536, true).taken());  // fp32 rows
   // fp32 hidden 4096: the two passes below 16384 rows, the tile from the row-wise copy from there
   EXPECT_FALSE(shape(4096, true, 8192, true).taken());
   EXPECT_EQ(shape(4096, true, 16384, true).rows.block_threads(), 512);
@@ -149,6 +157,7 @@ TEST(NormRowShape, TiledForward) {
   EXPECT_EQ(shape(5120, true, 8, false, NormType::kRMSNorm, kA100Smem).tile, NormTile::kShared);
   EXPECT_EQ(shape(5120, false, 8, false, NormType::kRMSNorm, kA100Smem).tile, NormTile::kShared);
   EXPECT_FALSE(shape(6144, true, 8, false, NormType::kRMSNorm, kA100Smem).taken());
+  EXPECT_FALSE(shape(5248, true, 8, false, NormType::kLayerNorm, kA100Smem).taken());
 }
 
 TEST(NormRowShape, BackwardBuckets) {

@@ -920,16 +920,17 @@ def test_fwd_fp8_both_copies_cuda_back_to_back(norm, hidden, device, gen):
 # row-wise copy: 1032 (two warps a row, one nearly idle), 1152, 2048, 2560 (three-warp
 # rows), 4136 x 2056 (130 tiles, the last a partial one), 34000 x 1152 (blocks stride over
 # tiles), 40 x 3072 (fp32: the two passes), 16392 x 4096 (1024-thread blocks; fp32 from
-# 16384 rows), 40 x 4104 and 40 x 5120 (five-warp rows, four a block). RMSNorm's 16-bit
-# rows of 3072 to 7168, multiples of 128, keep their 32-row tile in shared memory: 40 x
-# 3072, 40 x 3200, 16392 x 4096, 40 x 5120, 40 x 6144, 40 x 7168 (seven-warp rows, 224 KiB
-# of tile), where LayerNorm reads back from the row-wise copy (up to 5120) or takes the two
-# passes. 36 x 1024, 64 x 1000, 40 x 896, 36 x 2048, 40 x 7296 and 72 x 12296 are shapes
-# both norms leave to the two passes (the C++ test TiledForward checks the rule at every
-# hidden size).
+# 16384 rows), 40 x 4104 and 40 x 5120 (five-warp rows, four a block). 16-bit rows of
+# multiples of 128 keep their 32-row tile in shared memory, RMSNorm's from 3072 to 7168:
+# 40 x 3072, 40 x 3200, 16392 x 4096, 40 x 5120, where LayerNorm reads back from the
+# row-wise copy; both norms' at 40 x 5248 (LayerNorm's first), 40 x 6144 and 40 x 7168
+# (seven-warp rows, 224 KiB of tile). 36 x 1024, 64 x 1000, 40 x 896, 36 x 2048, 40 x 7296
+# and 72 x 12296 are shapes both norms leave to the two passes (the C++ test TiledForward
+# checks the rule at every hidden size).
 TILED_SHAPES = [(8, 768), (72, 768), (200, 1024), (4104, 1024), (70000, 768), (36, 1024), (64, 1000), (40, 896),
                 (40, 1032), (8, 1152), (264, 2048), (40, 2560), (4136, 2056), (34000, 1152), (36, 2048), (40, 3072),
-                (40, 3200), (16392, 4096), (40, 4104), (40, 5120), (40, 6144), (40, 7168), (40, 7296), (72, 12296)]
+                (40, 3200), (16392, 4096), (40, 4104), (40, 5120), (40, 5248), (40, 6144), (40, 7168), (40, 7296),
+                (72, 12296)]
 
 
 def run_fwd_fp8_both_ways(norm, x, w, b, fp8_dtype, device):
@@ -966,16 +967,34 @@ def test_fwd_fp8_both_copies_tiled_cuda(norm, x_dtype, shape, fp8_dtype, device,
     assert torch.equal(amax1, amax0) and torch.equal(both._scale_inv, row._scale_inv)
 
 
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("shape", [(72, 768), (40, 2048), (40, 4096), (40, 6144)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd_fp8_both_copies_tiled_hard_rows_cuda(norm, shape, device, gen):
+    """Rows of the tiled kernels (both tiles in shared memory, the tile from the row-wise
+    copy) that alternate an outlier in column 0 (LayerNorm's row groups that sum the
+    squares again) with rows of a large offset (those that do not) in one block: the
+    same bytes and statistics as the row-wise call."""
+    rows, hidden = shape
+    x, w, b = make_inputs((rows,), hidden, torch.bfloat16, torch.float32, True, gen)
+    x = with_hard_rows(x).to(torch.bfloat16)
+    (row, mu0, rs0, amax0), (both, mu1, rs1, amax1) = run_fwd_fp8_both_ways(
+        norm, x.to(device), w.to(device), b.to(device), E4M3, device)
+    assert torch.equal(both._data, row._data) and torch.equal(both._transpose, row._data.t())
+    assert torch.equal(rs1, rs0) and (mu0 is None or torch.equal(mu1, mu0)) and torch.equal(amax1, amax0)
+
+
 @pytest.mark.parametrize("device", ["cpu"] + CUDA)
-@pytest.mark.parametrize("shape", [(72, 768), (64, 1000), (37, 1024), (40, 2048), (40, 4096)],
+@pytest.mark.parametrize("shape", [(72, 768), (64, 1000), (37, 1024), (40, 2048), (40, 4096), (40, 6144)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_fp8_columnwise_copy_alone(norm, shape, device, gen):
     """An FP8 output with only its column-wise copy (the C API allows a null row-wise
     buffer; the Python wrappers always ask for both): the copy equals the transposed
-    row-wise copy of the usual call, bytes past it untouched. 72 x 768 takes the tiled
-    kernel's shared tile on CUDA, and so does RMSNorm's 40 x 4096; the others the row
-    kernel's byte stores (40 x 2048: no row-wise copy for the tile to be read back from)."""
+    row-wise copy of the usual call, bytes past it untouched. 72 x 768 and 40 x 6144
+    take the tiled kernel's shared tile on CUDA, and so does RMSNorm's 40 x 4096; the
+    others the row kernel's byte stores (40 x 2048: no row-wise copy for the tile to be
+    read back from)."""
     rows, hidden = shape
     x, w, b = make_inputs((rows,), hidden, torch.bfloat16, torch.float32, False, gen)
     x, w, b = x.to(device), w.to(device), b.to(device)

@@ -205,8 +205,10 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn>,
   __shared__ float2 pair_scratch[kLayerNorm ? 2 * kMaxWarps : 1];
   const RowGroup group(threads_per_row);
   const int hidden = int(p.hidden);  // <= kNormFwdMaxRegisterHidden
-  RowReduction<float, kMaxWarps> reduction(scratch, group);
-  RowReduction<float2, kMaxWarps> pair_reduction(pair_scratch, group);  // LayerNorm's statistics
+  // the row kernel's blocks of 160-256 threads are more an SM than one of 16 barriers allows
+  constexpr bool kImmediateBarrier = !kTiled;
+  RowReduction<float, kMaxWarps, kImmediateBarrier> reduction(scratch, group);
+  RowReduction<float2, kMaxWarps, kImmediateBarrier> pair_reduction(pair_scratch, group);  // LayerNorm's statistics
   const float scale = fp8 ? *p.scale : 1.0f;
   float amax = 0.0f;
 
@@ -276,6 +278,11 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn>,
         }
         again = reduction.sum(again) / float(hidden);
         if (far) variance = again;
+      } else if constexpr (kTile == NormTile::kShared) {
+        // The named barrier the other branch's sum passes, so that every group of the
+        // block passes as many: with uneven counts compute-sanitizer's racecheck reported
+        // the shared tile's writes and reads across the block's barrier as hazards.
+        if (group.threads > 32) sync_row_group<kImmediateBarrier>(1 + group.index, group.threads);
       }
       if (variance < 0.0f) variance = 0.0f;  // rounding; a NaN row stays NaN (fmaxf would drop it)
     } else {
@@ -396,7 +403,7 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn>,
       // clean; the time was the same at hidden 2048-8192.
       if (p.amax) {
         if (group.threads > 32) {
-          group_amax_to_global<kMaxWarps>(amax, p.amax, group);
+          group_amax_to_global<kMaxWarps, kImmediateBarrier>(amax, p.amax, group);
         } else {
           block_amax_to_global<kMaxWarps>(amax, p.amax);
         }

@@ -28,12 +28,13 @@ NormFwdTileShape tile_shape_of(const NormFwdParams& p, int device) {
 }  // namespace
 
 bool norm_fwd_tiled_takes(const NormFwdParams& p, int device) {
-  const NormFwdTileShape tile = tile_shape_of(p, device);
   // 8-byte pieces of the transposed copy: rows % 8 == 0, both outputs 8-byte aligned;
-  // 16-byte vectors of the row (hidden % 8 == 0 by norm_fwd_tile_shape)
-  return p.output_t && is_fp8(p.out_dtype) && p.rows > 0 && p.rows % 8 == 0 && tile.taken() &&
-         is_aligned(p.input, 16) && is_aligned(p.gamma, 16) && (p.beta == nullptr || is_aligned(p.beta, 16)) &&
-         (p.output == nullptr || is_aligned(p.output, 8)) && is_aligned(p.output_t, 8);
+  // 16-byte vectors of the row (hidden % 8 == 0 by norm_fwd_tile_shape). The cheap
+  // tests go first: every norm forward asks, most without a transposed copy.
+  return p.output_t && is_fp8(p.out_dtype) && p.rows > 0 && p.rows % 8 == 0 && is_aligned(p.input, 16) &&
+         is_aligned(p.gamma, 16) && (p.beta == nullptr || is_aligned(p.beta, 16)) &&
+         (p.output == nullptr || is_aligned(p.output, 8)) && is_aligned(p.output_t, 8) &&
+         tile_shape_of(p, device).taken();
 }
 
 void norm_fwd_tiled_cuda(const NormFwdParams& p, int device, void* stream) {

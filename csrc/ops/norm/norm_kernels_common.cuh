@@ -380,10 +380,45 @@ __device__ __forceinline__ float2 shfl_xor(float2 v, int offset) {
   return make_float2(__shfl_xor_sync(0xffffffffu, v.x, offset), __shfl_xor_sync(0xffffffffu, v.y, offset));
 }
 
+// The named barriers of row groups: 1 + the group's index in its block. A block holds
+// at most 8 groups of several warps (512 threads of 64-thread groups; the tiled forward's
+// kNormFwdStagedMaxRowsPerBlock); groups of a warp or less use shuffles alone.
+constexpr int kNormMaxRowGroupBarrier = 8;
+static_assert(kNormMaxBlockThreads / 64 <= kNormMaxRowGroupBarrier &&
+                  kNormFwdStagedMaxRowsPerBlock <= kNormMaxRowGroupBarrier,
+              "a row group of several warps without a named barrier");
+
+template <int kBarrier>
+__device__ __forceinline__ void bar_sync(int threads) {
+  asm volatile("bar.sync %0, %1;" ::"n"(kBarrier), "r"(threads) : "memory");
+}
+
 // Waits for the `threads` threads (whole warps) of one row group only, so the other
-// groups of the block go on loading and storing meanwhile.
+// groups of the block go on loading and storing meanwhile. Given the barrier's number
+// in a register, ptxas reserves all 16 of a block's barriers, and an H100 SM then holds
+// 4 blocks at most (ncu's "Block Limit Barriers"), fewer than the registers allow the
+// row forward's blocks of 160-224 threads (hidden 2560-7168: 43% of the SM's warps in
+// flight instead of 30% at 5120). kImmediate takes it as an immediate (a switch, uniform
+// in a warp), so 9 barriers, 7 blocks. Kernels of one block an SM (the tiled forward, the
+// backward) keep the register: with the switch they measured 1-3% slower.
+template <bool kImmediate>
 __device__ __forceinline__ void sync_row_group(int barrier, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(barrier), "r"(threads) : "memory");
+  if constexpr (kImmediate) {
+    static_assert(kNormMaxRowGroupBarrier == 8, "one case a barrier");
+    switch (barrier) {
+      case 1: bar_sync<1>(threads); break;
+      case 2: bar_sync<2>(threads); break;
+      case 3: bar_sync<3>(threads); break;
+      case 4: bar_sync<4>(threads); break;
+      case 5: bar_sync<5>(threads); break;
+      case 6: bar_sync<6>(threads); break;
+      case 7: bar_sync<7>(threads); break;
+      case 8: bar_sync<8>(threads); break;
+      default: __trap();  // past kNormMaxRowGroupBarrier: a launch shape the C++ tests rule out
+    }
+  } else {
+    asm volatile("bar.sync %0, %1;" ::"r"(barrier), "r"(threads) : "memory");
+  }
 }
 
 // Sums over a row group, returned to all its threads: a shuffle butterfly inside the
@@ -394,7 +429,8 @@ __device__ __forceinline__ void sync_row_group(int barrier, int threads) {
 // suffices: a warp that writes a buffer again has passed the barrier of the sum in
 // between, which every reader of the buffer's previous sum has reached first.
 // All threads of a warp must call sum() together (full-warp shuffles).
-template <class V, int kMaxWarps = kNormMaxBlockWarps>
+// kImmediateBarrier: sync_row_group's.
+template <class V, int kMaxWarps = kNormMaxBlockWarps, bool kImmediateBarrier = false>
 class RowReduction {
  public:
   __device__ __forceinline__ RowReduction(V* scratch, const RowGroup& group) : scratch_(scratch), group_(group) {}
@@ -411,7 +447,7 @@ class RowReduction {
     V* buf = scratch_ + parity_ * kMaxWarps;
     parity_ ^= 1;
     if (threadIdx.x % 32 == 0) buf[threadIdx.x / 32] = v;
-    sync_row_group(1 + group_.index, group_.threads);  // barrier 0 is __syncthreads'
+    sync_row_group<kImmediateBarrier>(1 + group_.index, group_.threads);  // barrier 0 is __syncthreads'
     V total = buf[first_warp];
     for (int w = 1; w < warps; ++w) total = add(total, buf[first_warp + w]);
     return total;
@@ -457,12 +493,12 @@ __device__ __forceinline__ void block_amax_to_global(float v, float* amax) {
 // atomic a group: its warps' maxima meet in their own slots behind the group's own
 // barrier (RowReduction's), so no group waits for the block's others. Every thread of
 // the group must call it.
-template <int kMaxWarps = kNormMaxBlockWarps>
+template <int kMaxWarps = kNormMaxBlockWarps, bool kImmediateBarrier = false>
 __device__ __forceinline__ void group_amax_to_global(float v, float* amax, const RowGroup& group) {
   __shared__ float warp_max_values[kMaxWarps];
   v = warp_max(v);
   if (threadIdx.x % 32 == 0) warp_max_values[threadIdx.x / 32] = v;
-  sync_row_group(1 + group.index, group.threads);
+  sync_row_group<kImmediateBarrier>(1 + group.index, group.threads);
   if (group.thread == 0) {
     const int first_warp = int(threadIdx.x) / 32, warps = group.threads / 32;
     float m = 0.0f;

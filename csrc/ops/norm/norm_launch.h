@@ -58,10 +58,11 @@ struct NormFwdTileShape {
 // - a shared tile of 64 rows for hidden 768 and 1024 (multiples of 128 keep the tile's
 //   swizzled 8-byte slots in their row: norm_fwd_kernel.cuh; 896 was measured and left
 //   out, see norm_row_shape.cpp), in blocks of kNormMaxBlockThreads;
-// - for RMSNorm's 16-bit rows of hidden kNormFwdRmsSharedMinHidden to
-//   kNormFwdRmsSharedMaxHidden, multiples of 128, a shared tile of kNormFwdRmsSharedTileRows
-//   rows in blocks of up to kNormFwdStagedMaxBlockThreads, where the tile beside the
-//   kernel's static shared memory (kNormFwdStaticSmemBound) fits the GPU's block;
+// - for 16-bit rows of hidden kNormFwdRmsSharedMinHidden (RMSNorm) or
+//   kNormFwdLnSharedMinHidden (LayerNorm) to kNormFwdSharedMaxHidden, multiples of 128, a
+//   shared tile of kNormFwdSharedTileRows rows in blocks of up to
+//   kNormFwdStagedMaxBlockThreads, where the tile beside the kernel's static shared
+//   memory (kNormFwdStaticSmemBound) fits the GPU's block;
 // - else with a row-wise copy, the tile from it for hidden kNormFwdStagedMinHidden to
 //   kNormFwdStagedMaxHidden, multiples of 8, in blocks of up to
 //   kNormFwdStagedMaxBlockThreads; for fp32 rows (whose registers allow blocks of
@@ -83,8 +84,9 @@ constexpr int kNormFwdStagedTileRows = 32;
 constexpr int kNormFwdStagedMaxBlockThreads = 1024;
 constexpr int kNormFwdStagedMaxRowsPerBlock = 8;
 constexpr int64_t kNormFwdRmsSharedMinHidden = 3072;
-constexpr int64_t kNormFwdRmsSharedMaxHidden = 7168;  // 224 KiB of tile: Hopper's 227 KiB a block
-constexpr int kNormFwdRmsSharedTileRows = 32;
+constexpr int64_t kNormFwdLnSharedMinHidden = kNormFwdStagedMaxHidden + 1;  // where the row-wise copy's tile ends
+constexpr int64_t kNormFwdSharedMaxHidden = 7168;                           // 224 KiB of tile: Hopper's 227 KiB a block
+constexpr int kNormFwdSharedTileRows = 32;
 // the forward kernel's static shared memory (reduction and amax slots, under 1 KiB), at most
 constexpr size_t kNormFwdStaticSmemBound = 2048;
 

@@ -90,14 +90,15 @@ NormRowShape tile_row_groups(int64_t hidden, int block_threads) {
 // 3072 88.8 -> 84.5 us (8192 x 3072 even, 44.8 / 45.1), 8192 x 4096 59.4 -> 57.1, 16384 x
 // 4096 115.0 -> 108.0, 16384 x 5120 165.0 -> 150.6, and against the two passes 16384 x
 // 6144 191.5 -> 169.9, 8192 x 7168 111.9 -> 104.1; mixed below 3072 (16384 x 1152 35.8 ->
-// 37.6, 32768 x 2048 109.1 -> 106.0). LayerNorm lost below 4096 (16384 x 2048 58.0 -> 61.0)
-// and gained from 5120 (16384 x 6144 199.8 -> 184.6), but a row group of several warps
-// that sums its squares again (an outlier among the row's first elements, see
-// norm_fwd_kernel.cuh) passes one named barrier more than the block's other groups, and
-// compute-sanitizer's racecheck then reported the tile's writes and reads across the
-// block's barrier as hazards (the SASS has the barrier between them; with every group
-// summing again the reports went, and so did 8-10% of the speed). RMSNorm's groups pass
-// the same barriers, and racecheck is clean; LayerNorm keeps the row-wise copy's tile.
+// 37.6, 32768 x 2048 109.1 -> 106.0).
+// LayerNorm takes it only past the row-wise copy's tile (from 5248): against that tile it
+// lost at 3072-4096 (16384 x 3072 89.5 -> 94.0 us) and was even at 5120 (163.7 / 165.2);
+// against the two passes 16384 x 6144 199.1 -> 186.9, 8192 x 7168 114.9 -> 113.8. Its row
+// groups of several warps pass one named barrier more where they sum the squares again
+// (norm_fwd_kernel.cuh), and the others pass a bare one instead so that racecheck stays
+// clean (with uneven counts it reported the tile's writes and reads across the block's
+// barrier as hazards; 16384 x 6144 took 184.6 us without the bare barrier, 186.9 with it,
+// in runs a session apart).
 NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy, int64_t rows, bool fp32_input, NormType type,
                                      size_t max_block_smem) {
   NormFwdTileShape tile;
@@ -105,17 +106,18 @@ NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy, int64_t 
       fp32_input ? hidden <= kNormFwdStagedFp32MaxHidden ||
                        (hidden <= kNormFwdStagedFp32WideMaxHidden && rows >= kNormFwdStagedFp32WideMinRows)
                  : hidden <= kNormFwdStagedMaxHidden;
-  const bool rms_shared = type == NormType::kRMSNorm && !fp32_input && hidden >= kNormFwdRmsSharedMinHidden &&
-                          hidden <= kNormFwdRmsSharedMaxHidden && hidden % 128 == 0 &&
-                          size_t(kNormFwdRmsSharedTileRows) * size_t(hidden) + kNormFwdStaticSmemBound <= max_block_smem;
+  const int64_t shared_min_hidden = type == NormType::kRMSNorm ? kNormFwdRmsSharedMinHidden : kNormFwdLnSharedMinHidden;
+  const bool wide_shared = !fp32_input && hidden >= shared_min_hidden && hidden <= kNormFwdSharedMaxHidden &&
+                           hidden % 128 == 0 &&
+                           size_t(kNormFwdSharedTileRows) * size_t(hidden) + kNormFwdStaticSmemBound <= max_block_smem;
   if (hidden >= kNormFwdTiledMinHidden && hidden <= kNormFwdTiledMaxHidden && hidden % 256 == 0) {
     tile.rows = norm_fwd_row_shape(hidden);
     tile.rows.rows_per_block = kNormMaxBlockThreads / tile.rows.threads_per_row;
     tile.tile_rows = kNormFwdTileRows;
     tile.tile = NormTile::kShared;
-  } else if (rms_shared) {
+  } else if (wide_shared) {
     tile.rows = tile_row_groups(hidden, kNormFwdStagedMaxBlockThreads);
-    tile.tile_rows = kNormFwdRmsSharedTileRows;
+    tile.tile_rows = kNormFwdSharedTileRows;
     tile.tile = NormTile::kShared;
   } else if (rowwise_copy && hidden >= kNormFwdStagedMinHidden && hidden % 8 == 0 && staged_hidden) {
     tile.rows = tile_row_groups(hidden, fp32_input ? kNormMaxBlockThreads : kNormFwdStagedMaxBlockThreads);
