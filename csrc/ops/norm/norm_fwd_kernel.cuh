@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn>,
   __shared__ float2 pair_scratch[kLayerNorm ? 2 * kMaxWarps : 1];
   const RowGroup group(threads_per_row);
   const int hidden = int(p.hidden);  // <= kNormFwdMaxRegisterHidden
-  // the row kernel's blocks of 160-256 threads are more an SM than one of 16 barriers allows
+  // the row kernel's blocks of 160 / 192 threads fit more an SM than 16 reserved barriers allow
   constexpr bool kImmediateBarrier = !kTiled;
   RowReduction<float, kMaxWarps, kImmediateBarrier> reduction(scratch, group);
   RowReduction<float2, kMaxWarps, kImmediateBarrier> pair_reduction(pair_scratch, group);  // LayerNorm's statistics
