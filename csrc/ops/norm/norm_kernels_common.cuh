@@ -398,11 +398,12 @@ __device__ __forceinline__ void bar_sync(int threads) {
 // in a register, ptxas reserves all 16 of a block's barriers, and an H100 SM then holds
 // 4 blocks at most (ncu's "Block Limit Barriers"), fewer than the registers allow the
 // row forward's blocks of 160 and 192 threads (hidden 2049-3072 and 4097-6144: 43% of the
-// SM's warps in flight instead of 30% at 5120). kImmediate takes it as an immediate (a switch, uniform
-// in a warp), so 9 barriers, 7 blocks. Kernels of one block an SM (the tiled forward, the
-// backward) keep the register: with the switch they measured 1-3% slower. So would the
-// row forward where its registers hold 4 blocks an SM anyway (blocks of 224-512 threads:
-// H200, 2-3% at hidden 2048, 4096 and 7168; benchmarks/RESULTS.md).
+// SM's warps in flight instead of 30% at 5120). kImmediate takes it as an immediate (a
+// switch, uniform in a warp), so 9 barriers, 7 blocks. Kernels of one block an SM (the
+// tiled forward, the backward) keep the register: with the switch they measured 1-3%
+// slower. So would the row forward where its registers hold 4 blocks an SM anyway
+// (blocks of 224-512 threads: H200, 2-3% at hidden 2048, 4096 and 7168;
+// benchmarks/RESULTS.md).
 template <bool kImmediate>
 __device__ __forceinline__ void sync_row_group(int barrier, int threads) {
   if constexpr (kImmediate) {
