@@ -34,9 +34,10 @@ NormRowShape norm_fwd_row_shape(int64_t hidden);
 // Both FP8 copies in one pass (norm_fwd_tiled.cu): a block normalizes `tile_rows`
 // consecutive rows with the forward's row groups, keeps their FP8 bytes, then writes the
 // tile's transpose, tile_rows consecutive bytes (whole 32-byte sectors) of each of its
-// columns. The tile stays in shared memory (short rows, and RMSNorm's 16-bit rows up to
-// what a block's shared memory holds) or is read back from the row-wise copy the block
-// has just written, while its lines are still in the L2.
+// columns. The tile stays in shared memory (short rows, and wider 16-bit rows up to what
+// a block's shared memory holds: RMSNorm's from 3072, LayerNorm's from 5248) or is read
+// back from the row-wise copy the block has just written, while its lines are still in
+// the L2.
 enum class NormTile {
   kNone,         // the row kernel alone
   kShared,       // the tile in shared memory (tile_slot's layout)
