@@ -33,8 +33,9 @@ void check_shape(const NormRowShape& s, int64_t hidden, const char* what,
   EXPECT_GE(s.rows_per_block, 1);
   EXPECT_EQ(s.block_threads() % 32, 0) << s.block_threads();
   EXPECT_LE(s.block_threads(), max_block_threads);
-  // multi-warp groups synchronize on named barriers 1 ... rows_per_block
-  if (t > 32) EXPECT_LE(s.rows_per_block, 15);
+  // multi-warp groups synchronize on named barriers 1 ... rows_per_block (sync_row_group's
+  // immediates end at kNormMaxRowGroupBarrier)
+  if (t > 32) EXPECT_LE(s.rows_per_block, opente::kNormMaxRowGroupBarrier);
 }
 
 TEST(NormRowShape, ForwardBuckets) {
@@ -47,6 +48,18 @@ TEST(NormRowShape, ForwardBuckets) {
   }
   EXPECT_FALSE(opente::norm_fwd_row_shape(opente::kNormFwdMaxRegisterHidden + 1).in_registers());
   EXPECT_FALSE(opente::norm_fwd_row_shape(int64_t(1) << 40).in_registers());
+}
+
+TEST(NormRowShape, ImmediateBarriers) {
+  // immediates where the blocks hold row groups of several warps and are small enough
+  // that the registers allow more than 4 an SM (hidden 2049-3072 and 4097-6144)
+  for (int64_t hidden = 1; hidden <= opente::kNormFwdMaxRegisterHidden + 1; ++hidden) {
+    const NormRowShape s = opente::norm_fwd_row_shape(hidden);
+    const bool expected = s.in_registers() && s.threads_per_row > 32 &&
+                          s.block_threads() <= opente::kNormFwdImmediateBarrierMaxThreads;
+    ASSERT_EQ(opente::norm_fwd_immediate_barriers(s), expected) << hidden;
+    EXPECT_EQ(expected, (hidden > 2048 && hidden <= 3072) || (hidden > 4096 && hidden <= 6144)) << hidden;
+  }
 }
 
 TEST(NormRowShape, TiledForward) {

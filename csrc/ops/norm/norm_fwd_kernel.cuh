@@ -183,7 +183,7 @@ constexpr int kNormFwdBlockBound =
 // the registers, and the element-wise kernels' bounds and dtype switches more; capped,
 // both spilled (ptxas, sm_90a).
 template <te_dtype kIn, te_dtype kOut, int kChunks, bool kLayerNorm, bool kVectorized, bool kFloatAmax = false,
-          NormTile kTile = NormTile::kNone>
+          NormTile kTile = NormTile::kNone, bool kImmediateBarrier = false>
 __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn>,
                                   kVectorized && kIn != TE_DTYPE_FLOAT32
                                       ? 2 * kNormMaxBlockThreads / kNormFwdBlockBound<kTile, kIn>
@@ -205,8 +205,7 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn>,
   __shared__ float2 pair_scratch[kLayerNorm ? 2 * kMaxWarps : 1];
   const RowGroup group(threads_per_row);
   const int hidden = int(p.hidden);  // <= kNormFwdMaxRegisterHidden
-  // the row kernel's blocks of 160 / 192 threads fit more an SM than 16 reserved barriers allow
-  constexpr bool kImmediateBarrier = !kTiled;
+  static_assert(!kTiled || !kImmediateBarrier, "the tiled kernel's block is one an SM: no barrier limit to lift");
   RowReduction<float, kMaxWarps, kImmediateBarrier> reduction(scratch, group);
   RowReduction<float2, kMaxWarps, kImmediateBarrier> pair_reduction(pair_scratch, group);  // LayerNorm's statistics
   const float scale = fp8 ? *p.scale : 1.0f;

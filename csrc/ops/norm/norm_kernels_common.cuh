@@ -380,14 +380,6 @@ __device__ __forceinline__ float2 shfl_xor(float2 v, int offset) {
   return make_float2(__shfl_xor_sync(0xffffffffu, v.x, offset), __shfl_xor_sync(0xffffffffu, v.y, offset));
 }
 
-// The named barriers of row groups: 1 + the group's index in its block. A block holds
-// at most 8 groups of several warps (512 threads of 64-thread groups; the tiled forward's
-// kNormFwdStagedMaxRowsPerBlock); groups of a warp or less use shuffles alone.
-constexpr int kNormMaxRowGroupBarrier = 8;
-static_assert(kNormMaxBlockThreads / 64 <= kNormMaxRowGroupBarrier &&
-                  kNormFwdStagedMaxRowsPerBlock <= kNormMaxRowGroupBarrier,
-              "a row group of several warps without a named barrier");
-
 template <int kBarrier>
 __device__ __forceinline__ void bar_sync(int threads) {
   asm volatile("bar.sync %0, %1;" ::"n"(kBarrier), "r"(threads) : "memory");
@@ -399,11 +391,8 @@ __device__ __forceinline__ void bar_sync(int threads) {
 // 4 blocks at most (ncu's "Block Limit Barriers"), fewer than the registers allow the
 // row forward's blocks of 160 and 192 threads (hidden 2049-3072 and 4097-6144: 43% of the
 // SM's warps in flight instead of 30% at 5120). kImmediate takes it as an immediate (a
-// switch, uniform in a warp), so 9 barriers, 7 blocks. Kernels of one block an SM (the
-// tiled forward, the backward) keep the register: with the switch they measured 1-3%
-// slower. So would the row forward where its registers hold 4 blocks an SM anyway
-// (blocks of 224-512 threads: H200, 2-3% at hidden 2048, 4096 and 7168;
-// benchmarks/RESULTS.md).
+// switch, uniform in a warp), so 9 barriers, 7 blocks; where the limit does not bind the
+// switch costs 1-3% (norm_fwd_immediate_barriers says where the forward takes it).
 template <bool kImmediate>
 __device__ __forceinline__ void sync_row_group(int barrier, int threads) {
   if constexpr (kImmediate) {

@@ -19,6 +19,12 @@ namespace opente {
 // 128 registers a thread, so that even the largest row group (16 warps) fits an SM.
 constexpr int kNormMaxBlockThreads = 512;
 constexpr int kNormMaxBlockWarps = kNormMaxBlockThreads / 32;
+// The named barriers of row groups of several warps: 1 + the group's index in its block
+// (barrier 0 is __syncthreads'), at most 8 groups a block (512 threads of 64-thread
+// groups; the tiled forward's kNormFwdStagedMaxRowsPerBlock); groups of a warp or less
+// use shuffles alone.
+constexpr int kNormMaxRowGroupBarrier = 8;
+static_assert(kNormMaxBlockThreads / 64 <= kNormMaxRowGroupBarrier, "a row group without a named barrier");
 
 struct NormRowShape {
   int chunks = 0;           // 8-element chunks a thread holds: a compile-time bucket; 0 = fallback
@@ -31,6 +37,12 @@ struct NormRowShape {
 
 // The forward's shape for rows of `hidden` elements; chunks == 0 beyond kNormFwdMaxRegisterHidden.
 NormRowShape norm_fwd_row_shape(int64_t hidden);
+// Whether the row forward of 16-bit rows in `shape` takes its row groups' barrier
+// numbers as immediates (sync_row_group, norm_kernels_common.cuh): row groups of several
+// warps in blocks of at most kNormFwdImmediateBarrierMaxThreads, which the registers
+// allow more of an SM than the 4 that a barrier number in a register leaves.
+bool norm_fwd_immediate_barriers(const NormRowShape& shape);
+constexpr int kNormFwdImmediateBarrierMaxThreads = 192;
 // Both FP8 copies in one pass (norm_fwd_tiled.cu): a block normalizes `tile_rows`
 // consecutive rows with the forward's row groups, keeps their FP8 bytes, then writes the
 // tile's transpose, tile_rows consecutive bytes (whole 32-byte sectors) of each of its
@@ -84,6 +96,7 @@ constexpr int kNormFwdStagedTileRows = 32;
 // are 1 to 8; the hardware has 16)
 constexpr int kNormFwdStagedMaxBlockThreads = 1024;
 constexpr int kNormFwdStagedMaxRowsPerBlock = 8;
+static_assert(kNormFwdStagedMaxRowsPerBlock <= kNormMaxRowGroupBarrier, "a row group without a named barrier");
 constexpr int64_t kNormFwdRmsSharedMinHidden = 3072;
 constexpr int64_t kNormFwdLnSharedMinHidden = kNormFwdStagedMaxHidden + 1;  // where the row-wise copy's tile ends
 constexpr int64_t kNormFwdSharedMaxHidden = 7168;                           // 224 KiB of tile: Hopper's 227 KiB a block

@@ -45,6 +45,17 @@ NormRowShape norm_fwd_row_shape(int64_t hidden) {
   return row_shape(hidden, hidden <= 512 ? kNormFwdSmallChunks : kNormFwdChunks, 256);
 }
 
+// H100, FP8 y (bf16 -> E4M3), one build, alternating rounds, us, immediates everywhere
+// / this rule / a register everywhere: layernorm 16384 x 5120 (one 160-thread row a block)
+// 100.5 / 100.8 / 110.0, 16384 x 6144 (192) 118.7 / 118.9 / 123.5, 16384 x 3072 (two
+// 96-thread rows) 63.5 / 63.2 / 64.1; where the registers hold 4 blocks an SM anyway the
+// switch costs: 16384 x 2048 (256) 45.0 / 44.1 / 44.1, 8192 x 7168 (224) 74.4 / 73.5 /
+// 73.4, and rmsnorm 4096 x 12288 (384) 64.3 / 59.5 / 59.6 (benchmarks/RESULTS.md).
+bool norm_fwd_immediate_barriers(const NormRowShape& shape) {
+  return shape.in_registers() && shape.threads_per_row > 32 &&
+         shape.block_threads() <= kNormFwdImmediateBarrierMaxThreads;
+}
+
 namespace {
 
 // Row groups for a 32-row tile in a block of up to `block_threads`:
