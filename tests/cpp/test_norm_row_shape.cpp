@@ -50,15 +50,24 @@ TEST(NormRowShape, ForwardBuckets) {
   EXPECT_FALSE(opente::norm_fwd_row_shape(int64_t(1) << 40).in_registers());
 }
 
-TEST(NormRowShape, ImmediateBarriers) {
-  // immediates where the blocks hold row groups of several warps and are small enough
-  // that the registers allow more than 4 an SM (hidden 2049-3072 and 4097-6144)
+TEST(NormRowShape, RowForms) {
+  using opente::NormRowForm;
+  // the compact form where 56 registers and 9 barriers fit more blocks an SM than 64 and 16
   for (int64_t hidden = 1; hidden <= opente::kNormFwdMaxRegisterHidden + 1; ++hidden) {
     const NormRowShape s = opente::norm_fwd_row_shape(hidden);
-    const bool expected = s.in_registers() && s.threads_per_row > 32 &&
-                          s.block_threads() <= opente::kNormFwdImmediateBarrierMaxThreads;
-    ASSERT_EQ(opente::norm_fwd_immediate_barriers(s), expected) << hidden;
-    EXPECT_EQ(expected, (hidden > 2048 && hidden <= 3072) || (hidden > 4096 && hidden <= 6144)) << hidden;
+    const NormRowForm form = opente::norm_fwd_row_form(s, /*compact_allowed=*/true);
+    const bool compact = (hidden > 2048 && hidden <= 3072) || (hidden > 4096 && hidden <= 7168) ||
+                         (hidden > 8192 && hidden <= 9216) || (hidden > 10240 && hidden <= 12288);
+    const NormRowForm expected = hidden <= 512 ? NormRowForm::kImmediates
+                                 : compact     ? NormRowForm::kCompact
+                                               : NormRowForm::kWide;
+    ASSERT_EQ(int(form), int(expected)) << hidden;
+    if (form == NormRowForm::kCompact) {
+      EXPECT_LE(s.block_threads(), opente::kNormFwdCompactMaxThreads) << hidden;
+    }
+    // fp32 or element-wise rows: never compact (their registers exceed its bound)
+    const NormRowForm wide = opente::norm_fwd_row_form(s, /*compact_allowed=*/false);
+    EXPECT_EQ(int(wide), int(hidden <= 512 ? NormRowForm::kImmediates : NormRowForm::kWide)) << hidden;
   }
 }
 

@@ -69,31 +69,31 @@ void norm_fwd_cuda(const NormFwdParams& p, int device, void* workspace, size_t w
     constexpr te_dtype kIn = decltype(in_tag)::value, kOut = decltype(out_tag)::value;
     constexpr bool kVec = decltype(vectorized_tag)::value, kAmax = decltype(float_amax_tag)::value;
     const bool layernorm = p.type == NormType::kLayerNorm;
-    constexpr bool k16BitRows = kVec && kIn != TE_DTYPE_FLOAT32;  // fp32 rows (72-128 registers): 3-5 blocks, not measured
-    if (shape.chunks == kNormFwdSmallChunks) {
-      // rows of up to 512 elements, groups of a warp or less: they pass no named barrier,
-      // and the immediates leave these kernels 9 barriers (5 blocks an SM at 48 registers;
-      // H100, FP8 y: rmsnorm 1-3% faster than with 16 reserved, layernorm within 1%)
+    constexpr bool k16BitRows = kVec && kIn != TE_DTYPE_FLOAT32;  // fp32 rows (72-128 registers): not measured
+    auto launch_form = [&](auto chunks_tag, auto form_tag) {
+      constexpr int kChunks = decltype(chunks_tag)::value;
+      constexpr NormRowForm kForm = decltype(form_tag)::value;
       if (layernorm) {
-        launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdSmallChunks, true, kVec, kAmax, NormTile::kNone, true>);
+        launch(norm_fwd_rows_kernel<kIn, kOut, kChunks, true, kVec, kAmax, NormTile::kNone, kForm>);
       } else {
-        launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdSmallChunks, false, kVec, kAmax, NormTile::kNone, true>);
+        launch(norm_fwd_rows_kernel<kIn, kOut, kChunks, false, kVec, kAmax, NormTile::kNone, kForm>);
       }
-    } else if (k16BitRows && norm_fwd_immediate_barriers(shape)) {
-      // blocks of 160 / 192 threads: more an SM than a barrier number in a register allows
-      if constexpr (k16BitRows) {
-        if (layernorm) {
-          launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdChunks, true, kVec, kAmax, NormTile::kNone, true>);
-        } else {
-          launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdChunks, false, kVec, kAmax, NormTile::kNone, true>);
-        }
-      }
-    } else {
-      if (layernorm) {
-        launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdChunks, true, kVec, kAmax>);
-      } else {
-        launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdChunks, false, kVec, kAmax>);
-      }
+    };
+    using SmallChunks = std::integral_constant<int, kNormFwdSmallChunks>;
+    using Chunks = std::integral_constant<int, kNormFwdChunks>;
+    switch (norm_fwd_row_form(shape, k16BitRows)) {
+      case NormRowForm::kImmediates:
+        // rows of up to 512 elements, groups of a warp or less: they pass no named barrier,
+        // and the immediates leave these kernels 9 barriers (5 blocks an SM at 48 registers;
+        // H100, FP8 y: rmsnorm 1-3% faster than with 16 reserved, layernorm within 1%)
+        launch_form(SmallChunks{}, std::integral_constant<NormRowForm, NormRowForm::kImmediates>{});
+        break;
+      case NormRowForm::kCompact:
+        if constexpr (k16BitRows) launch_form(Chunks{}, std::integral_constant<NormRowForm, NormRowForm::kCompact>{});
+        break;
+      case NormRowForm::kWide:
+        launch_form(Chunks{}, std::integral_constant<NormRowForm, NormRowForm::kWide>{});
+        break;
     }
   };
   const bool vectorized = p.hidden % kChunk == 0 && is_aligned(p.input, 16) && is_aligned(p.gamma, 16) &&

@@ -163,11 +163,19 @@ __device__ __forceinline__ void store_tile_transposed(LoadSlot load_slot, uint8_
 
 // Threads a block of the kernel may have: the tiled forms take 16-bit rows in blocks of up
 // to kNormFwdStagedMaxBlockThreads (one an SM, norm_row_shape.cpp; the shared tile of hidden
-// 768 / 1024 launches 512, two an SM, under the same 64 registers), the row kernel and fp32
-// rows blocks of up to kNormMaxBlockThreads (two an SM for 16-bit rows).
-template <NormTile kTile, te_dtype kIn>
-constexpr int kNormFwdBlockBound =
-    kTile != NormTile::kNone && kIn != TE_DTYPE_FLOAT32 ? kNormFwdStagedMaxBlockThreads : kNormMaxBlockThreads;
+// 768 / 1024 launches 512, two an SM, under the same 64 registers), the row kernel's
+// compact form kNormFwdCompactMaxThreads, the rest and fp32 rows blocks of up to
+// kNormMaxBlockThreads (two an SM for 16-bit rows).
+template <NormTile kTile, te_dtype kIn, NormRowForm kForm>
+constexpr int kNormFwdBlockBound = kTile != NormTile::kNone && kIn != TE_DTYPE_FLOAT32 ? kNormFwdStagedMaxBlockThreads
+                                   : kForm == NormRowForm::kCompact                     ? kNormFwdCompactMaxThreads
+                                                                                        : kNormMaxBlockThreads;
+// The blocks an SM __launch_bounds__ asks for: 16-bit vectorized rows two blocks of
+// kNormMaxBlockThreads' registers (64), the compact form kNormFwdCompactMinBlocks (56).
+template <NormTile kTile, te_dtype kIn, bool kVectorized, NormRowForm kForm>
+constexpr int kNormFwdMinBlocks = !kVectorized || kIn == TE_DTYPE_FLOAT32 ? 1
+                                  : kForm == NormRowForm::kCompact        ? kNormFwdCompactMinBlocks
+                                                                          : 2 * kNormMaxBlockThreads / kNormFwdBlockBound<kTile, kIn, kForm>;
 
 // kChunks: the shape's bucket (8-element chunks a thread holds). kVectorized: see
 // RowShare; it also requires gamma and beta 16-byte aligned, and the row-wise
@@ -179,17 +187,16 @@ constexpr int kNormFwdBlockBound =
 // module_ops.FusedAmax); its own instantiations, so the plain float-y kernels carry
 // no amax instructions (their PTX is the same as before it existed); the element-wise
 // kernels test p.amax at run time. The register cap of 64 (two blocks of 512 threads an
-// SM, or one of 1024: kNormFwdBlockBound) is for 16-bit inputs: an fp32 row takes twice
-// the registers, and the element-wise kernels' bounds and dtype switches more; capped,
-// both spilled (ptxas, sm_90a).
+// SM, or one of 1024: kNormFwdBlockBound), and the compact form's 56, are for 16-bit
+// inputs: an fp32 row takes twice the registers, and the element-wise kernels' bounds and
+// dtype switches more; capped, both spilled (ptxas, sm_90a). kForm: NormRowForm
+// (norm_launch.h), the row kernel's block bound and barrier numbers.
 template <te_dtype kIn, te_dtype kOut, int kChunks, bool kLayerNorm, bool kVectorized, bool kFloatAmax = false,
-          NormTile kTile = NormTile::kNone, bool kImmediateBarrier = false>
-__global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn>,
-                                  kVectorized && kIn != TE_DTYPE_FLOAT32
-                                      ? 2 * kNormMaxBlockThreads / kNormFwdBlockBound<kTile, kIn>
-                                      : 1)
+          NormTile kTile = NormTile::kNone, NormRowForm kForm = NormRowForm::kWide>
+__global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
+                                  kNormFwdMinBlocks<kTile, kIn, kVectorized, kForm>)
     norm_fwd_rows_kernel(NormFwdParams p, int threads_per_row, int rows_per_block, int tile_rows) {
-  constexpr int kMaxWarps = kNormFwdBlockBound<kTile, kIn> / 32;  // the block's warps at most
+  constexpr int kMaxWarps = kNormFwdBlockBound<kTile, kIn, kForm> / 32;  // the block's warps at most
   using In = typename CudaType<kIn>::type;
   constexpr bool kMaybeFp8 = !kVectorized || kIsFp8<kOut>;
   constexpr bool kMaybeAmax = kMaybeFp8 || kFloatAmax;
@@ -205,7 +212,10 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn>,
   __shared__ float2 pair_scratch[kLayerNorm ? 2 * kMaxWarps : 1];
   const RowGroup group(threads_per_row);
   const int hidden = int(p.hidden);  // <= kNormFwdMaxRegisterHidden
-  static_assert(!kTiled || !kImmediateBarrier, "the tiled kernel's block is one an SM: no barrier limit to lift");
+  static_assert(!kTiled || kForm == NormRowForm::kWide, "the tiled kernel's block is one an SM: no limit to lift");
+  static_assert(kForm != NormRowForm::kCompact || (kVectorized && kIn != TE_DTYPE_FLOAT32),
+                "the compact form's 56 registers: 16-bit vectorized rows");
+  constexpr bool kImmediateBarrier = kForm != NormRowForm::kWide;
   RowReduction<float, kMaxWarps, kImmediateBarrier> reduction(scratch, group);
   RowReduction<float2, kMaxWarps, kImmediateBarrier> pair_reduction(pair_scratch, group);  // LayerNorm's statistics
   const float scale = fp8 ? *p.scale : 1.0f;

@@ -392,7 +392,7 @@ __device__ __forceinline__ void bar_sync(int threads) {
 // row forward's blocks of 160 and 192 threads (hidden 2049-3072 and 4097-6144: 43% of the
 // SM's warps in flight instead of 30% at 5120). kImmediate takes it as an immediate (a
 // switch, uniform in a warp), so 9 barriers, 7 blocks; where the limit does not bind the
-// switch costs 1-3% (norm_fwd_immediate_barriers says where the forward takes it).
+// switch costs 1-3% (norm_fwd_row_form, norm_launch.h, says where the forward takes it).
 template <bool kImmediate>
 __device__ __forceinline__ void sync_row_group(int barrier, int threads) {
   if constexpr (kImmediate) {

@@ -37,12 +37,23 @@ struct NormRowShape {
 
 // The forward's shape for rows of `hidden` elements; chunks == 0 beyond kNormFwdMaxRegisterHidden.
 NormRowShape norm_fwd_row_shape(int64_t hidden);
-// Whether the row forward of 16-bit rows in `shape` takes its row groups' barrier
-// numbers as immediates (sync_row_group, norm_kernels_common.cuh): row groups of several
-// warps in blocks of at most kNormFwdImmediateBarrierMaxThreads, which the registers
-// allow more of an SM than the 4 that a barrier number in a register leaves.
-bool norm_fwd_immediate_barriers(const NormRowShape& shape);
-constexpr int kNormFwdImmediateBarrierMaxThreads = 192;
+// The row forward kernel's forms (its last template argument, norm_fwd_kernel.cuh); an
+// SM holds as many blocks as the scarcest of registers, warps and named barriers allow:
+// - kWide: blocks of up to kNormMaxBlockThreads, two an SM at 64 registers; a row
+//   group's barrier number in a register, so ptxas reserves all 16 of the block's
+//   barriers and an SM (64 barriers) holds at most 4 blocks.
+// - kImmediates: the same bound, the barrier numbers as immediates (sync_row_group,
+//   norm_kernels_common.cuh: kNormMaxRowGroupBarrier + 1 barriers, 7 blocks).
+// - kCompact: the immediates in blocks of up to kNormFwdCompactMaxThreads, bounded for
+//   kNormFwdCompactMinBlocks an SM (56 registers; ptxas, sm_90a: no spills but LayerNorm's
+//   float y with its amax, 4 bytes).
+enum class NormRowForm { kWide, kImmediates, kCompact };
+constexpr int kNormFwdCompactMaxThreads = 384;
+constexpr int kNormFwdCompactMinBlocks = 3;
+// The form for `shape`: kImmediates for the hidden <= 512 bucket; kCompact for 16-bit
+// vectorized rows (`compact_allowed`) of several warps where it fits more blocks an SM
+// than kWide (hidden 2049-3072, 4097-7168, 8193-9216, 10241-12288); kWide elsewhere.
+NormRowForm norm_fwd_row_form(const NormRowShape& shape, bool compact_allowed);
 // Both FP8 copies in one pass (norm_fwd_tiled.cu): a block normalizes `tile_rows`
 // consecutive rows with the forward's row groups, keeps their FP8 bytes, then writes the
 // tile's transpose, tile_rows consecutive bytes (whole 32-byte sectors) of each of its

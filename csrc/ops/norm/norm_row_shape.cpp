@@ -45,15 +45,39 @@ NormRowShape norm_fwd_row_shape(int64_t hidden) {
   return row_shape(hidden, hidden <= 512 ? kNormFwdSmallChunks : kNormFwdChunks, 256);
 }
 
-// H100, FP8 y (bf16 -> E4M3), one build, alternating rounds, us, immediates everywhere
-// / this rule / a register everywhere: layernorm 16384 x 5120 (one 160-thread row a block)
-// 100.5 / 100.8 / 110.0, 16384 x 6144 (192) 118.7 / 118.9 / 123.5, 16384 x 3072 (two
-// 96-thread rows) 63.5 / 63.2 / 64.1; where the registers hold 4 blocks an SM anyway the
-// switch costs: 16384 x 2048 (256) 45.0 / 44.1 / 44.1, 8192 x 7168 (224) 74.4 / 73.5 /
-// 73.4, and rmsnorm 4096 x 12288 (384) 64.3 / 59.5 / 59.6 (benchmarks/RESULTS.md).
-bool norm_fwd_immediate_barriers(const NormRowShape& shape) {
-  return shape.in_registers() && shape.threads_per_row > 32 &&
-         shape.block_threads() <= kNormFwdImmediateBarrierMaxThreads;
+namespace {
+
+// Blocks of `block_threads` an SM may hold (Hopper: 64K registers, 64 warps, 64 named
+// barriers) at `registers` a thread, each block reserving `barriers`.
+int resident_blocks(int block_threads, int registers, int barriers) {
+  constexpr int kSmRegisters = 65536, kSmWarps = 64, kSmBarriers = 64;
+  const int warps = block_threads / 32;
+  const int by_registers = kSmRegisters / (registers * 32) / warps;  // whole warps' registers
+  return std::min({by_registers, kSmWarps / warps, kSmBarriers / barriers});
+}
+
+}  // namespace
+
+// H100, FP8 y (bf16 -> E4M3), one build, alternating rounds, us, kCompact / kWide
+// (benchmarks/RESULTS.md, twenty-sixth session): layernorm 16384 x 2560 54.1 / 57.5,
+// 16384 x 5120 97.1 / 110.1, 8192 x 9216 89.1 / 95.6, 4096 x 12288 63.2 / 68.6. Where both
+// hold as many blocks an SM (blocks of 256 threads, 320, 416-512) kWide's barrier numbers
+// in a register were 1-3% faster than the immediates' switch (twenty-fifth session).
+// RMSNorm's kWide kernel takes 56 registers already, so at 10241-12288 kCompact gains it
+// nothing and costs it up to 1% (56.6 / 56.1 us at 4096 x 11264); one rule for both.
+NormRowForm norm_fwd_row_form(const NormRowShape& shape, bool compact_allowed) {
+  if (shape.chunks == kNormFwdSmallChunks) return NormRowForm::kImmediates;
+  const int threads = shape.block_threads();
+  if (!compact_allowed || !shape.in_registers() || shape.threads_per_row <= 32 || threads > kNormFwdCompactMaxThreads) {
+    return NormRowForm::kWide;
+  }
+  constexpr int kWideRegisters = 64, kWideBarriers = 16;
+  constexpr int kCompactRegisters = 65536 / (kNormFwdCompactMaxThreads * kNormFwdCompactMinBlocks) / 8 * 8;
+  constexpr int kCompactBarriers = kNormMaxRowGroupBarrier + 1;
+  return resident_blocks(threads, kCompactRegisters, kCompactBarriers) >
+                 resident_blocks(threads, kWideRegisters, kWideBarriers)
+             ? NormRowForm::kCompact
+             : NormRowForm::kWide;
 }
 
 namespace {
