@@ -89,8 +89,12 @@ void norm_fwd_cuda(const NormFwdParams& p, int device, void* workspace, size_t w
         launch_form(SmallChunks{}, std::integral_constant<NormRowForm, NormRowForm::kImmediates>{});
         break;
       case NormRowForm::kCompact:
-        if constexpr (k16BitRows) launch_form(Chunks{}, std::integral_constant<NormRowForm, NormRowForm::kCompact>{});
-        break;
+        // 16-bit rows only (norm_fwd_row_form's compact_allowed): the others fall through
+        if constexpr (k16BitRows) {
+          launch_form(Chunks{}, std::integral_constant<NormRowForm, NormRowForm::kCompact>{});
+          break;
+        }
+        [[fallthrough]];
       case NormRowForm::kWide:
         launch_form(Chunks{}, std::integral_constant<NormRowForm, NormRowForm::kWide>{});
         break;

@@ -170,12 +170,13 @@ template <NormTile kTile, te_dtype kIn, NormRowForm kForm>
 constexpr int kNormFwdBlockBound = kTile != NormTile::kNone && kIn != TE_DTYPE_FLOAT32 ? kNormFwdStagedMaxBlockThreads
                                    : kForm == NormRowForm::kCompact                     ? kNormFwdCompactMaxThreads
                                                                                         : kNormMaxBlockThreads;
-// The blocks an SM __launch_bounds__ asks for: 16-bit vectorized rows two blocks of
-// kNormMaxBlockThreads' registers (64), the compact form kNormFwdCompactMinBlocks (56).
+// The blocks an SM __launch_bounds__ asks for: 16-bit vectorized rows kNormFwdWideMinBlocks
+// blocks of kNormMaxBlockThreads' registers (64), the compact form kNormFwdCompactMinBlocks (56).
 template <NormTile kTile, te_dtype kIn, bool kVectorized, NormRowForm kForm>
-constexpr int kNormFwdMinBlocks = !kVectorized || kIn == TE_DTYPE_FLOAT32 ? 1
-                                  : kForm == NormRowForm::kCompact        ? kNormFwdCompactMinBlocks
-                                                                          : 2 * kNormMaxBlockThreads / kNormFwdBlockBound<kTile, kIn, kForm>;
+constexpr int kNormFwdMinBlocks =
+    !kVectorized || kIn == TE_DTYPE_FLOAT32 ? 1
+    : kForm == NormRowForm::kCompact        ? kNormFwdCompactMinBlocks
+                                            : kNormFwdWideMinBlocks * kNormMaxBlockThreads / kNormFwdBlockBound<kTile, kIn, kForm>;
 
 // kChunks: the shape's bucket (8-element chunks a thread holds). kVectorized: see
 // RowShare; it also requires gamma and beta 16-byte aligned, and the row-wise

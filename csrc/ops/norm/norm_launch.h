@@ -48,6 +48,7 @@ NormRowShape norm_fwd_row_shape(int64_t hidden);
 //   kNormFwdCompactMinBlocks an SM (56 registers; ptxas, sm_90a: no spills but LayerNorm's
 //   float y with its amax, 4 bytes).
 enum class NormRowForm { kWide, kImmediates, kCompact };
+constexpr int kNormFwdWideMinBlocks = 2;  // of kNormMaxBlockThreads
 constexpr int kNormFwdCompactMaxThreads = 384;
 constexpr int kNormFwdCompactMinBlocks = 3;
 // The form for `shape`: kImmediates for the hidden <= 512 bucket; kCompact for 16-bit

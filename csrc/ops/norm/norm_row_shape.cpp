@@ -47,13 +47,35 @@ NormRowShape norm_fwd_row_shape(int64_t hidden) {
 
 namespace {
 
-// Blocks of `block_threads` an SM may hold (Hopper: 64K registers, 64 warps, 64 named
-// barriers) at `registers` a thread, each block reserving `barriers`.
+// Hopper's SM: 64K registers, 64 warps, 64 named barriers.
+constexpr int kSmRegisters = 65536, kSmWarps = 64, kSmBarriers = 64;
+
+// The registers a thread ptxas leaves a kernel bounded by __launch_bounds__(max_threads,
+// min_blocks): whole 8-register steps.
+constexpr int bounded_registers(int max_threads, int min_blocks) {
+  return kSmRegisters / (max_threads * min_blocks) / 8 * 8;
+}
+
+// Blocks of `block_threads` an SM may hold at `registers` a thread, each block reserving
+// `barriers`.
 int resident_blocks(int block_threads, int registers, int barriers) {
-  constexpr int kSmRegisters = 65536, kSmWarps = 64, kSmBarriers = 64;
   const int warps = block_threads / 32;
   const int by_registers = kSmRegisters / (registers * 32) / warps;  // whole warps' registers
   return std::min({by_registers, kSmWarps / warps, kSmBarriers / barriers});
+}
+
+// Row groups for a 32-row tile in a block of up to `block_threads`:
+// whole rows (whole warps above hidden 1024), as many as fit, a power of two so that they
+// divide the tile, at most kNormFwdStagedMaxRowsPerBlock (their named barriers).
+NormRowShape tile_row_groups(int64_t hidden, int block_threads) {
+  NormRowShape rows = norm_fwd_row_shape(hidden);
+  int rows_per_block = 1;
+  while (2 * rows_per_block * rows.threads_per_row <= block_threads &&
+         2 * rows_per_block <= kNormFwdStagedMaxRowsPerBlock) {
+    rows_per_block *= 2;
+  }
+  rows.rows_per_block = rows_per_block;
+  return rows;
 }
 
 }  // namespace
@@ -71,32 +93,16 @@ NormRowForm norm_fwd_row_form(const NormRowShape& shape, bool compact_allowed) {
   if (!compact_allowed || !shape.in_registers() || shape.threads_per_row <= 32 || threads > kNormFwdCompactMaxThreads) {
     return NormRowForm::kWide;
   }
-  constexpr int kWideRegisters = 64, kWideBarriers = 16;
-  constexpr int kCompactRegisters = 65536 / (kNormFwdCompactMaxThreads * kNormFwdCompactMinBlocks) / 8 * 8;
+  // a barrier number in a register reserves all 16 of the block's barriers
+  constexpr int kWideRegisters = bounded_registers(kNormMaxBlockThreads, kNormFwdWideMinBlocks), kWideBarriers = 16;
+  constexpr int kCompactRegisters = bounded_registers(kNormFwdCompactMaxThreads, kNormFwdCompactMinBlocks);
   constexpr int kCompactBarriers = kNormMaxRowGroupBarrier + 1;
+  static_assert(kWideRegisters == 64 && kCompactRegisters == 56, "the figures norm_launch.h gives");
   return resident_blocks(threads, kCompactRegisters, kCompactBarriers) >
                  resident_blocks(threads, kWideRegisters, kWideBarriers)
              ? NormRowForm::kCompact
              : NormRowForm::kWide;
 }
-
-namespace {
-
-// Row groups for a 32-row tile in a block of up to `block_threads`:
-// whole rows (whole warps above hidden 1024), as many as fit, a power of two so that they
-// divide the tile, at most kNormFwdStagedMaxRowsPerBlock (their named barriers).
-NormRowShape tile_row_groups(int64_t hidden, int block_threads) {
-  NormRowShape rows = norm_fwd_row_shape(hidden);
-  int rows_per_block = 1;
-  while (2 * rows_per_block * rows.threads_per_row <= block_threads &&
-         2 * rows_per_block <= kNormFwdStagedMaxRowsPerBlock) {
-    rows_per_block *= 2;
-  }
-  rows.rows_per_block = rows_per_block;
-  return rows;
-}
-
-}  // namespace
 
 // The tiled forward. Hidden 768 and 1024, the tile in shared memory: blocks of 512
 // threads (the register kernels' bound), 16 rows of a warp each, so a 64-row tile (64 KiB
