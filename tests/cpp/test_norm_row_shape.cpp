@@ -52,22 +52,29 @@ TEST(NormRowShape, ForwardBuckets) {
 
 TEST(NormRowShape, RowForms) {
   using opente::NormRowForm;
-  // the compact form where 56 registers and 9 barriers fit more blocks an SM than 64 and 16
+  using opente::NormType;
+  // the form whose registers, warps and barriers fit the most blocks an SM
   for (int64_t hidden = 1; hidden <= opente::kNormFwdMaxRegisterHidden + 1; ++hidden) {
     const NormRowShape s = opente::norm_fwd_row_shape(hidden);
-    const NormRowForm form = opente::norm_fwd_row_form(s, /*compact_allowed=*/true);
-    const bool compact = (hidden > 2048 && hidden <= 3072) || (hidden > 4096 && hidden <= 7168) ||
-                         (hidden > 8192 && hidden <= 9216) || (hidden > 10240 && hidden <= 12288);
-    const NormRowForm expected = hidden <= 512 ? NormRowForm::kImmediates
-                                 : compact     ? NormRowForm::kCompact
-                                               : NormRowForm::kWide;
-    ASSERT_EQ(int(form), int(expected)) << hidden;
-    if (form == NormRowForm::kCompact) {
-      EXPECT_LE(s.block_threads(), opente::kNormFwdCompactMaxThreads) << hidden;
+    const bool ln_compact = (hidden > 2048 && hidden <= 3072) || (hidden > 4096 && hidden <= 7168) ||
+                            (hidden > 8192 && hidden <= 9216) || (hidden > 10240 && hidden <= 12288);
+    const NormRowForm ln_expected = hidden <= 512 ? NormRowForm::kImmediates
+                                    : ln_compact  ? NormRowForm::kCompact
+                                                  : NormRowForm::kWide;
+    const bool rms_compact = (hidden > 2048 && hidden <= 3072) || (hidden > 4096 && hidden <= 7168);
+    const NormRowForm rms_expected = hidden <= 512   ? NormRowForm::kImmediates
+                                     : rms_compact   ? NormRowForm::kCompact
+                                                     : NormRowForm::kWide;
+    ASSERT_EQ(int(opente::norm_fwd_row_form(s, true, NormType::kLayerNorm)), int(ln_expected)) << hidden;
+    ASSERT_EQ(int(opente::norm_fwd_row_form(s, true, NormType::kRMSNorm)), int(rms_expected)) << hidden;
+    if (ln_compact) EXPECT_LE(s.block_threads(), opente::kNormFwdCompactMaxThreads) << hidden;
+    // the small bucket's kernels are bounded to the blocks it launches
+    if (hidden <= 512) EXPECT_LE(s.block_threads(), opente::kNormFwdSmallMaxThreads) << hidden;
+    // fp32 or element-wise rows: never compact (their registers exceed the bounds)
+    for (NormType type : {NormType::kLayerNorm, NormType::kRMSNorm}) {
+      const NormRowForm wide = opente::norm_fwd_row_form(s, /*compact_allowed=*/false, type);
+      EXPECT_EQ(int(wide), int(hidden <= 512 ? NormRowForm::kImmediates : NormRowForm::kWide)) << hidden;
     }
-    // fp32 or element-wise rows: never compact (their registers exceed its bound)
-    const NormRowForm wide = opente::norm_fwd_row_form(s, /*compact_allowed=*/false);
-    EXPECT_EQ(int(wide), int(hidden <= 512 ? NormRowForm::kImmediates : NormRowForm::kWide)) << hidden;
   }
 }
 

@@ -164,18 +164,23 @@ __device__ __forceinline__ void store_tile_transposed(LoadSlot load_slot, uint8_
 // Threads a block of the kernel may have: the tiled forms take 16-bit rows in blocks of up
 // to kNormFwdStagedMaxBlockThreads (one an SM, norm_row_shape.cpp; the shared tile of hidden
 // 768 / 1024 launches 512, two an SM, under the same 64 registers), the row kernel's
-// compact form kNormFwdCompactMaxThreads, the rest and fp32 rows blocks of up to
-// kNormMaxBlockThreads (two an SM for 16-bit rows).
+// compact form kNormFwdCompactMaxThreads, its hidden <= 512 bucket (kImmediates)
+// kNormFwdSmallMaxThreads, the rest and fp32 rows blocks of up to kNormMaxBlockThreads
+// (two an SM for 16-bit rows).
 template <NormTile kTile, te_dtype kIn, NormRowForm kForm>
 constexpr int kNormFwdBlockBound = kTile != NormTile::kNone && kIn != TE_DTYPE_FLOAT32 ? kNormFwdStagedMaxBlockThreads
                                    : kForm == NormRowForm::kCompact                     ? kNormFwdCompactMaxThreads
+                                   : kForm == NormRowForm::kImmediates                  ? kNormFwdSmallMaxThreads
                                                                                         : kNormMaxBlockThreads;
 // The blocks an SM __launch_bounds__ asks for: 16-bit vectorized rows kNormFwdWideMinBlocks
-// blocks of kNormMaxBlockThreads' registers (64), the compact form kNormFwdCompactMinBlocks (56).
+// blocks of kNormMaxBlockThreads' registers (64), the compact form kNormFwdCompactMinBlocks
+// (56), the small bucket kNormFwdSmallMinBlocks (48); fp32 and element-wise rows the
+// registers of one block of kNormMaxBlockThreads (128).
 template <NormTile kTile, te_dtype kIn, bool kVectorized, NormRowForm kForm>
 constexpr int kNormFwdMinBlocks =
-    !kVectorized || kIn == TE_DTYPE_FLOAT32 ? 1
+    !kVectorized || kIn == TE_DTYPE_FLOAT32 ? kNormMaxBlockThreads / kNormFwdBlockBound<kTile, kIn, kForm>
     : kForm == NormRowForm::kCompact        ? kNormFwdCompactMinBlocks
+    : kForm == NormRowForm::kImmediates     ? kNormFwdSmallMinBlocks
                                             : kNormFwdWideMinBlocks * kNormMaxBlockThreads / kNormFwdBlockBound<kTile, kIn, kForm>;
 
 // kChunks: the shape's bucket (8-element chunks a thread holds). kVectorized: see
@@ -216,6 +221,8 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
   static_assert(!kTiled || kForm == NormRowForm::kWide, "the tiled kernel's block is one an SM: no limit to lift");
   static_assert(kForm != NormRowForm::kCompact || (kVectorized && kIn != TE_DTYPE_FLOAT32),
                 "the compact form's 56 registers: 16-bit vectorized rows");
+  static_assert(kForm != NormRowForm::kImmediates || kChunks == kNormFwdSmallChunks,
+                "the immediates' bound: the hidden <= 512 bucket's blocks");
   constexpr bool kImmediateBarrier = kForm != NormRowForm::kWide;
   RowReduction<float, kMaxWarps, kImmediateBarrier> reduction(scratch, group);
   RowReduction<float2, kMaxWarps, kImmediateBarrier> pair_reduction(pair_scratch, group);  // LayerNorm's statistics

@@ -42,19 +42,24 @@ NormRowShape norm_fwd_row_shape(int64_t hidden);
 // - kWide: blocks of up to kNormMaxBlockThreads, two an SM at 64 registers; a row
 //   group's barrier number in a register, so ptxas reserves all 16 of the block's
 //   barriers and an SM (64 barriers) holds at most 4 blocks.
-// - kImmediates: the same bound, the barrier numbers as immediates (sync_row_group,
-//   norm_kernels_common.cuh: kNormMaxRowGroupBarrier + 1 barriers, 7 blocks).
+// - kImmediates (the hidden <= 512 bucket): the barrier numbers as immediates
+//   (sync_row_group, norm_kernels_common.cuh: kNormMaxRowGroupBarrier + 1 barriers), blocks
+//   of kNormFwdSmallMaxThreads (all that bucket launches) bounded for kNormFwdSmallMinBlocks
+//   an SM: 48 registers (ptxas, sm_90a: no spills), 5 blocks an SM where 64 held 4.
 // - kCompact: the immediates in blocks of up to kNormFwdCompactMaxThreads, bounded for
 //   kNormFwdCompactMinBlocks an SM (56 registers; ptxas, sm_90a: no spills but LayerNorm's
 //   float y with its amax, 4 bytes).
 enum class NormRowForm { kWide, kImmediates, kCompact };
 constexpr int kNormFwdWideMinBlocks = 2;  // of kNormMaxBlockThreads
+constexpr int kNormFwdSmallMaxThreads = 256;
+constexpr int kNormFwdSmallMinBlocks = 5;
 constexpr int kNormFwdCompactMaxThreads = 384;
 constexpr int kNormFwdCompactMinBlocks = 3;
 // The form for `shape`: kImmediates for the hidden <= 512 bucket; kCompact for 16-bit
-// vectorized rows (`compact_allowed`) of several warps where it fits more blocks an SM
-// than kWide (hidden 2049-3072, 4097-7168, 8193-9216, 10241-12288); kWide elsewhere.
-NormRowForm norm_fwd_row_form(const NormRowShape& shape, bool compact_allowed);
+// vectorized rows (`compact_allowed`) where it fits more blocks an SM than kWide
+// (LayerNorm: hidden 2049-3072, 4097-7168, 8193-9216, 10241-12288; RMSNorm, whose kWide
+// kernels take fewer registers: 2049-3072, 4097-7168); kWide elsewhere.
+NormRowForm norm_fwd_row_form(const NormRowShape& shape, bool compact_allowed, NormType type);
 // Both FP8 copies in one pass (norm_fwd_tiled.cu): a block normalizes `tile_rows`
 // consecutive rows with the forward's row groups, keeps their FP8 bytes, then writes the
 // tile's transpose, tile_rows consecutive bytes (whole 32-byte sectors) of each of its

@@ -84,24 +84,27 @@ NormRowShape tile_row_groups(int64_t hidden, int block_threads) {
 // (benchmarks/RESULTS.md, twenty-sixth session): layernorm 16384 x 2560 54.1 / 57.5,
 // 16384 x 5120 97.1 / 110.1, 8192 x 9216 89.1 / 95.6, 4096 x 12288 63.2 / 68.6. Where both
 // hold as many blocks an SM (blocks of 256 threads, 320, 416-512) kWide's barrier numbers
-// in a register were 1-3% faster than the immediates' switch (twenty-fifth session).
-// RMSNorm's kWide kernel takes 56 registers already, so at 10241-12288 kCompact gains it
-// nothing and costs it up to 1% (56.6 / 56.1 us at 4096 x 11264); one rule for both.
-NormRowForm norm_fwd_row_form(const NormRowShape& shape, bool compact_allowed) {
+// in a register were 1-3% faster than the immediates' switch (twenty-fifth session), so
+// a tie keeps kWide. RMSNorm's kWide kernels take 56 registers, LayerNorm's 64 (ptxas,
+// sm_90a), so at 8193-9216 and 10241-12288 kCompact adds RMSNorm no block; taken there
+// with LayerNorm's figures it cost RMSNorm up to 1% (twenty-seventh session, same A/B:
+// 4096 x 11264 56.7 / 56.2, 4096 x 12288 60.4 / 59.7; 8192 x 9216 85.0 both).
+NormRowForm norm_fwd_row_form(const NormRowShape& shape, bool compact_allowed, NormType type) {
   if (shape.chunks == kNormFwdSmallChunks) return NormRowForm::kImmediates;
   const int threads = shape.block_threads();
   if (!compact_allowed || !shape.in_registers() || shape.threads_per_row <= 32 || threads > kNormFwdCompactMaxThreads) {
     return NormRowForm::kWide;
   }
   // a barrier number in a register reserves all 16 of the block's barriers
-  constexpr int kWideRegisters = bounded_registers(kNormMaxBlockThreads, kNormFwdWideMinBlocks), kWideBarriers = 16;
+  constexpr int kWideBarriers = 16, kImmediateBarriers = kNormMaxRowGroupBarrier + 1;
+  constexpr int kWideRegisters = bounded_registers(kNormMaxBlockThreads, kNormFwdWideMinBlocks);
+  constexpr int kRmsWideRegisters = 56;  // what ptxas gives RMSNorm's kWide kernels under the same bound
   constexpr int kCompactRegisters = bounded_registers(kNormFwdCompactMaxThreads, kNormFwdCompactMinBlocks);
-  constexpr int kCompactBarriers = kNormMaxRowGroupBarrier + 1;
   static_assert(kWideRegisters == 64 && kCompactRegisters == 56, "the figures norm_launch.h gives");
-  return resident_blocks(threads, kCompactRegisters, kCompactBarriers) >
-                 resident_blocks(threads, kWideRegisters, kWideBarriers)
-             ? NormRowForm::kCompact
-             : NormRowForm::kWide;
+  const bool rmsnorm = type == NormType::kRMSNorm;
+  const int wide = resident_blocks(threads, rmsnorm ? kRmsWideRegisters : kWideRegisters, kWideBarriers);
+  const int compact = resident_blocks(threads, kCompactRegisters, kImmediateBarriers);
+  return compact > wide ? NormRowForm::kCompact : NormRowForm::kWide;
 }
 
 // The tiled forward. Hidden 768 and 1024, the tile in shared memory: blocks of 512
