@@ -549,9 +549,10 @@ def test_fwd_cuda(norm, x_dtype, shape, device, gen):
 # with 32 elements a thread (forward, to 16384) or 16 (backward, to 8192; then 32 with
 # its dgamma / dbeta sums in shared memory, to 16384), then the fallback kernels; sizes
 # that are not multiples of 8 take the element-wise path; 1536, 3000, 12288 need warp
-# counts that are not powers of two. The forward's 16-bit rows of 2049-3072, 4097-7168,
-# 8193-9216 and 10241-12288 take its compact blocks (norm_fwd_row_form): 2056, 4104, 7168,
-# 8193, 9216, 10248 and 12288 there, 7176, 9224 and 10240 just past.
+# counts that are not powers of two. The forward's 16-bit rows take its compact blocks
+# (norm_fwd_row_form) at 2049-3072 and 4097-7168, and LayerNorm's also at 8193-9216 and
+# 10241-12288: 2056, 4104, 7168, 8193, 9216, 10248 and 12288 there, 7176, 9224 and 10240
+# just past. Rows of up to 512 take the small bucket's 256-thread blocks.
 BUCKET_HIDDEN = [1, 3, 8, 15, 16, 17, 24, 100, 128, 136, 255, 256, 264, 511, 512, 513, 520, 1000, 1023, 1024,
                  1025, 1032, 1536, 2048, 2056, 3000, 4095, 4096, 4104, 7168, 7176, 8184, 8191, 8192, 8193, 8200,
                  9216, 9224, 10240, 10248, 12288, 16376, 16383, 16384, 16385, 16392]

@@ -164,9 +164,9 @@ __device__ __forceinline__ void store_tile_transposed(LoadSlot load_slot, uint8_
 // Threads a block of the kernel may have: the tiled forms take 16-bit rows in blocks of up
 // to kNormFwdStagedMaxBlockThreads (one an SM, norm_row_shape.cpp; the shared tile of hidden
 // 768 / 1024 launches 512, two an SM, under the same 64 registers), the row kernel's
-// compact form kNormFwdCompactMaxThreads, its hidden <= 512 bucket (kImmediates)
-// kNormFwdSmallMaxThreads, the rest and fp32 rows blocks of up to kNormMaxBlockThreads
-// (two an SM for 16-bit rows).
+// compact form kNormFwdCompactMaxThreads, its hidden <= 512 bucket (kImmediates, every
+// dtype) kNormFwdSmallMaxThreads, the rest (and fp32 tiles) blocks of up to
+// kNormMaxBlockThreads (two an SM for 16-bit rows).
 template <NormTile kTile, te_dtype kIn, NormRowForm kForm>
 constexpr int kNormFwdBlockBound = kTile != NormTile::kNone && kIn != TE_DTYPE_FLOAT32 ? kNormFwdStagedMaxBlockThreads
                                    : kForm == NormRowForm::kCompact                     ? kNormFwdCompactMaxThreads
