@@ -61,7 +61,7 @@ void norm_fwd_cuda(const NormFwdParams& p, int device, void* workspace, size_t w
       grid = std::max<int64_t>(1, std::min(grid, (row_groups + 1) / 2));
     }
     kernel<<<unsigned(grid), unsigned(shape.block_threads()), 0, as_stream(stream)>>>(
-        p, shape.threads_per_row, shape.rows_per_block, 0);
+        p, shape.threads_per_row, shape.rows_per_block, 0, 1.0f / float(p.hidden));
     check_launch("norm_fwd_rows_kernel");
   };
   // the one switch from the shape's bucket and the norm to template arguments

@@ -47,7 +47,7 @@ void norm_fwd_tiled_cuda(const NormFwdParams& p, int device, void* stream) {
     const int64_t grid = std::min(tiles, norm_resident_grid(reinterpret_cast<const void*>(kernel), tile.rows,
                                                             tile.smem_bytes(), p.rows, device, kReducingKernelWaves));
     kernel<<<unsigned(grid), unsigned(tile.rows.block_threads()), tile.smem_bytes(), as_stream(stream)>>>(
-        p, tile.rows.threads_per_row, tile.rows.rows_per_block, tile.tile_rows);
+        p, tile.rows.threads_per_row, tile.rows.rows_per_block, tile.tile_rows, 1.0f / float(p.hidden));
     check_launch("norm_fwd_rows_kernel (tiled)");
   };
   // the tiled rows all hold kNormFwdChunks (hidden > 512)
