@@ -40,7 +40,7 @@
 // bound by instruction issue, ncu on an H100: 30 instructions an element for layernorm,
 // 21 for rmsnorm): rsigma is rsqrtf, LayerNorm's x hat one FFMA (x * rsigma - mu *
 // rsigma), and the small bucket's means a multiply by 1 / hidden (row_mean); layernorm's
-// FP8 y 3-7% faster there, up to 4% at hidden 1024-12288, rmsnorm's up to 4%.
+// FP8 y 2-7% faster there, 1-4% at hidden 1024-12288, rmsnorm's up to 4%.
 //
 // What limits the speed is how many rows are in flight on an SM, which registers
 // and shared memory bound. Hence the row held in its dtype, no shared memory for
