@@ -92,8 +92,10 @@ TEST(NormRowShape, TiledForward) {
                                             << (type == NormType::kRMSNorm ? ", rmsnorm" : ", layernorm"));
             const opente::NormFwdTileShape tile =
                 opente::norm_fwd_tile_shape(hidden, rowwise, rows, fp32, type, kMaxSmemPerBlock);
-            const bool short_shared =
-                hidden >= opente::kNormFwdTiledMinHidden && hidden <= opente::kNormFwdTiledMaxHidden && hidden % 256 == 0;
+            // the small bucket's rows that fill their lanes (128, 256, 512), 16-bit
+            const bool small_shared = !fp32 && (hidden == 128 || hidden == 256 || hidden == 512);
+            const bool short_shared = small_shared || (hidden >= opente::kNormFwdTiledMinHidden &&
+                                                       hidden <= opente::kNormFwdTiledMaxHidden && hidden % 256 == 0);
             const int64_t shared_min = type == NormType::kRMSNorm ? opente::kNormFwdRmsSharedMinHidden
                                                                   : opente::kNormFwdLnSharedMinHidden;
             const bool wide_shared = !short_shared && !fp32 && hidden >= shared_min &&
@@ -110,11 +112,15 @@ TEST(NormRowShape, TiledForward) {
             // the forward's row groups (same chunks and lanes), more of them a block: up to
             // 1024 threads for the 16-bit rows of the hidden sizes past 1024 (the kernel's
             // __launch_bounds__, kNormFwdBlockBound)
-            const int max_threads =
-                !short_shared && !fp32 ? opente::kNormFwdStagedMaxBlockThreads : opente::kNormMaxBlockThreads;
+            const int max_threads = small_shared                ? opente::kNormFwdSmallMaxThreads
+                                    : !short_shared && !fp32 ? opente::kNormFwdStagedMaxBlockThreads
+                                                             : opente::kNormMaxBlockThreads;
             check_shape(tile.rows, hidden, "tiled forward", max_threads);
             const NormRowShape plain = opente::norm_fwd_row_shape(hidden);
-            EXPECT_EQ(tile.rows.chunks, opente::kNormFwdChunks);  // the only bucket norm_fwd_tiled.cu instantiates
+            // the buckets norm_fwd_tiled.cu instantiates: the small one's with the row kernel's
+            // row groups (the same sums), kNormFwdChunks above
+            EXPECT_EQ(tile.rows.chunks, small_shared ? opente::kNormFwdSmallChunks : opente::kNormFwdChunks);
+            EXPECT_EQ(tile.rows.chunks, plain.chunks);
             EXPECT_EQ(tile.rows.threads_per_row, plain.threads_per_row);
             EXPECT_EQ(tile.hidden, hidden);
             // the block's row groups divide the tile; whole 32-byte sectors of the transposed copy
@@ -126,13 +132,18 @@ TEST(NormRowShape, TiledForward) {
               // slots of a row within it (hidden % 128 == 0)
               EXPECT_LT((tile.tile_rows / 8 - 1) * (128 / tile.tile_rows), 16);
               EXPECT_EQ(hidden % 128, 0);
-              // beside the kernel's static shared memory: two blocks an SM for short rows, one for wide ones
-              EXPECT_LE((short_shared ? 2 : 1) * (tile.smem_bytes() + opente::kNormFwdStaticSmemBound),
-                        size_t(kMaxSmemPerBlock));
+              // beside the kernel's static shared memory: the small bucket's blocks an SM, two for
+              // the other short rows, one for wide ones
+              const size_t blocks = small_shared ? opente::kNormFwdSmallTiledMinBlocks : short_shared ? 2 : 1;
+              EXPECT_LE(blocks * (tile.smem_bytes() + opente::kNormFwdStaticSmemBound), size_t(kMaxSmemPerBlock));
             } else {
               EXPECT_EQ(tile.smem_bytes(), 0u);
             }
-            if (short_shared) {
+            if (small_shared) {
+              EXPECT_EQ(tile.rows.threads_per_row * opente::kNormFwdSmallChunks * 8, hidden);  // every lane full
+              EXPECT_EQ(tile.rows.block_threads(), opente::kNormFwdSmallMaxThreads);
+              EXPECT_EQ(tile.tile_rows, opente::kNormFwdSmallTileRows);
+            } else if (short_shared) {
               EXPECT_EQ(tile.rows.threads_per_row, 32);  // a warp a row
               EXPECT_EQ(tile.rows.block_threads(), opente::kNormMaxBlockThreads);
             } else {
@@ -150,6 +161,10 @@ TEST(NormRowShape, TiledForward) {
                         NormType type = NormType::kLayerNorm, size_t smem = kMaxSmemPerBlock) {
     return opente::norm_fwd_tile_shape(hidden, rowwise, rows, fp32, type, smem);
   };
+  EXPECT_EQ(shape(512, false, 8, false).tile, NormTile::kShared);  // the small bucket's rows
+  EXPECT_FALSE(shape(384, true, 8, false).taken());
+  EXPECT_FALSE(shape(512, true, 65536, true).taken());  // fp32 rows
+  EXPECT_FALSE(shape(64, true, 65536, false).taken());
   EXPECT_TRUE(shape(768, false, 8, false).taken());
   EXPECT_TRUE(shape(1024, true, 8, false).taken());
   EXPECT_FALSE(shape(896, true, 8, false).taken());

@@ -166,26 +166,27 @@ __device__ __forceinline__ void store_tile_transposed(LoadSlot load_slot, uint8_
   }
 }
 
-// Threads a block of the kernel may have: the tiled forms take 16-bit rows in blocks of up
-// to kNormFwdStagedMaxBlockThreads (one an SM, norm_row_shape.cpp; the shared tile of hidden
-// 768 / 1024 launches 512, two an SM, under the same 64 registers), the row kernel's
-// compact form kNormFwdCompactMaxThreads, its hidden <= 512 bucket (kImmediates, every
-// dtype) kNormFwdSmallMaxThreads, the rest (and fp32 tiles) blocks of up to
+// Threads a block of the kernel may have: the hidden <= 512 bucket (kImmediates, every dtype;
+// tiled or not) kNormFwdSmallMaxThreads; the other tiled forms take 16-bit rows in blocks of
+// up to kNormFwdStagedMaxBlockThreads (one an SM, norm_row_shape.cpp; the shared tile of
+// hidden 768 / 1024 launches 512, two an SM, under the same 64 registers); the row kernel's
+// compact form kNormFwdCompactMaxThreads; the rest (and fp32 tiles) blocks of up to
 // kNormMaxBlockThreads (two an SM for 16-bit rows).
 template <NormTile kTile, te_dtype kIn, NormRowForm kForm>
-constexpr int kNormFwdBlockBound = kTile != NormTile::kNone && kIn != TE_DTYPE_FLOAT32 ? kNormFwdStagedMaxBlockThreads
+constexpr int kNormFwdBlockBound = kForm == NormRowForm::kImmediates                  ? kNormFwdSmallMaxThreads
+                                   : kTile != NormTile::kNone && kIn != TE_DTYPE_FLOAT32 ? kNormFwdStagedMaxBlockThreads
                                    : kForm == NormRowForm::kCompact                     ? kNormFwdCompactMaxThreads
-                                   : kForm == NormRowForm::kImmediates                  ? kNormFwdSmallMaxThreads
                                                                                         : kNormMaxBlockThreads;
 // The blocks an SM __launch_bounds__ asks for: 16-bit vectorized rows kNormFwdWideMinBlocks
 // blocks of kNormMaxBlockThreads' registers (64), the compact form kNormFwdCompactMinBlocks
-// (56), the small bucket kNormFwdSmallMinBlocks (48); fp32 and element-wise rows the
-// registers of one block of kNormMaxBlockThreads (128).
+// (56), the small bucket kNormFwdSmallMinBlocks (48) or, in its shared tile,
+// kNormFwdSmallTiledMinBlocks (64: at 48 the tile loop's state spilled 8-24 bytes); fp32 and
+// element-wise rows the registers of one block of kNormMaxBlockThreads (128).
 template <NormTile kTile, te_dtype kIn, bool kVectorized, NormRowForm kForm>
 constexpr int kNormFwdMinBlocks =
     !kVectorized || kIn == TE_DTYPE_FLOAT32 ? kNormMaxBlockThreads / kNormFwdBlockBound<kTile, kIn, kForm>
     : kForm == NormRowForm::kCompact        ? kNormFwdCompactMinBlocks
-    : kForm == NormRowForm::kImmediates     ? kNormFwdSmallMinBlocks
+    : kForm == NormRowForm::kImmediates     ? (kTile == NormTile::kNone ? kNormFwdSmallMinBlocks : kNormFwdSmallTiledMinBlocks)
                                             : kNormFwdWideMinBlocks * kNormMaxBlockThreads / kNormFwdBlockBound<kTile, kIn, kForm>;
 
 // kChunks: the shape's bucket (8-element chunks a thread holds). kVectorized: see
@@ -224,7 +225,8 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
   __shared__ float2 pair_scratch[kLayerNorm ? 2 * kMaxWarps : 1];
   const RowGroup group(threads_per_row);
   const int hidden = int(p.hidden);  // <= kNormFwdMaxRegisterHidden
-  static_assert(!kTiled || kForm == NormRowForm::kWide, "the tiled kernel's block is one an SM: no limit to lift");
+  static_assert(!kTiled || kForm != NormRowForm::kCompact,
+                "the tiled kernels: kWide, or the small bucket's rows (kImmediates) in their shared tile");
   static_assert(kForm != NormRowForm::kCompact || (kVectorized && kIn != TE_DTYPE_FLOAT32),
                 "the compact form's 56 registers: 16-bit vectorized rows");
   static_assert(kForm != NormRowForm::kImmediates || kChunks == kNormFwdSmallChunks,

@@ -50,10 +50,22 @@ void norm_fwd_tiled_cuda(const NormFwdParams& p, int device, void* stream) {
         p, tile.rows.threads_per_row, tile.rows.rows_per_block, tile.tile_rows, 1.0f / float(p.hidden));
     check_launch("norm_fwd_rows_kernel (tiled)");
   };
-  // the tiled rows all hold kNormFwdChunks (hidden > 512)
+  // the tiled rows hold kNormFwdChunks (hidden > 512), or the small bucket's (16-bit rows only)
   dispatch_float_dtype(p.in_dtype, [&](auto in_tag) {
     dispatch_fp8_dtype(p.out_dtype, [&](auto out_tag) {
       constexpr te_dtype kIn = decltype(in_tag)::value, kOut = decltype(out_tag)::value;
+      if (tile.rows.chunks == kNormFwdSmallChunks) {
+        if constexpr (kIn != TE_DTYPE_FLOAT32) {
+          constexpr NormTile kShared = NormTile::kShared;
+          constexpr NormRowForm kSmall = NormRowForm::kImmediates;
+          if (p.type == NormType::kLayerNorm) {
+            launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdSmallChunks, true, true, false, kShared, kSmall>);
+          } else {
+            launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdSmallChunks, false, true, false, kShared, kSmall>);
+          }
+        }
+        return;
+      }
       auto by_norm = [&](auto tile_tag) {
         constexpr NormTile kTile = decltype(tile_tag)::value;
         if (p.type == NormType::kLayerNorm) {

@@ -53,6 +53,7 @@ enum class NormRowForm { kWide, kImmediates, kCompact };
 constexpr int kNormFwdWideMinBlocks = 2;  // of kNormMaxBlockThreads
 constexpr int kNormFwdSmallMaxThreads = 256;
 constexpr int kNormFwdSmallMinBlocks = 5;
+constexpr int kNormFwdSmallTiledMinBlocks = 4;  // the same rows in their shared tile (norm_fwd_tiled.cu)
 constexpr int kNormFwdCompactMaxThreads = 384;
 constexpr int kNormFwdCompactMinBlocks = 3;
 // The form for `shape`: kImmediates for the hidden <= 512 bucket; kCompact for 16-bit
@@ -85,6 +86,10 @@ struct NormFwdTileShape {
 // For `rows` rows of `hidden` elements of norm `type`, whether the call writes a row-wise
 // copy, whether x is fp32, and the most shared memory a block of the GPU may take
 // (max_block_shared_memory):
+// - for 16-bit rows of the hidden <= 512 bucket that fill their lanes, powers of two from
+//   kNormFwdSmallTiledMinHidden (128, 256, 512), a shared tile of kNormFwdSmallTileRows rows
+//   with the row kernel's own row groups (NormRowForm::kImmediates: the same sums, so the
+//   same bytes and statistics as a row-wise call) in blocks of kNormFwdSmallMaxThreads;
 // - a shared tile of 64 rows for hidden 768 and 1024 (multiples of 128 keep the tile's
 //   swizzled 8-byte slots in their row: norm_fwd_kernel.cuh; 896 was measured and left
 //   out, see norm_row_shape.cpp), in blocks of kNormMaxBlockThreads;
@@ -100,6 +105,8 @@ struct NormFwdTileShape {
 //   kNormFwdStagedFp32WideMaxHidden with kNormFwdStagedFp32WideMinRows rows or more.
 NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy, int64_t rows, bool fp32_input, NormType type,
                                      size_t max_block_smem);
+constexpr int64_t kNormFwdSmallTiledMinHidden = 128;
+constexpr int kNormFwdSmallTileRows = 64;
 constexpr int64_t kNormFwdTiledMinHidden = 768;
 constexpr int64_t kNormFwdTiledMaxHidden = 1024;
 constexpr int kNormFwdTileRows = 64;
@@ -133,6 +140,7 @@ NormRowShape norm_bwd_pipelined_row_shape(int64_t hidden);
 // accumulators in registers), 4 above, with the accumulators in shared memory
 // (one row group of up to 512 threads a block).
 constexpr int kNormFwdSmallChunks = 2;
+constexpr int64_t kNormFwdSmallMaxHidden = 512;  // the hidden <= 512 bucket's
 constexpr int kNormFwdChunks = 4;
 constexpr int kNormBwdChunks = 2;
 constexpr int kNormBwdLongChunks = 4;

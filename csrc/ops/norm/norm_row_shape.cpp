@@ -42,7 +42,7 @@ NormRowShape row_shape(int64_t hidden, int chunks, int target_block_threads) {
 // SM for 16-bit rows, whose reductions and loads interleave.
 NormRowShape norm_fwd_row_shape(int64_t hidden) {
   if (hidden > kNormFwdMaxRegisterHidden) return {};
-  return row_shape(hidden, hidden <= 512 ? kNormFwdSmallChunks : kNormFwdChunks, 256);
+  return row_shape(hidden, hidden <= kNormFwdSmallMaxHidden ? kNormFwdSmallChunks : kNormFwdChunks, 256);
 }
 
 namespace {
@@ -107,7 +107,23 @@ NormRowForm norm_fwd_row_form(const NormRowShape& shape, bool compact_allowed, N
   return compact > wide ? NormRowForm::kCompact : NormRowForm::kWide;
 }
 
-// The tiled forward. Hidden 768 and 1024, the tile in shared memory: blocks of 512
+// The tiled forward. 16-bit rows of hidden 128, 256 and 512 (the hidden <= 512 bucket's
+// rows that fill their lanes) keep a 64-row tile in shared memory with the row kernel's row
+// groups (2 chunks, kImmediates), in its 256-thread blocks, four an SM at 64 registers.
+// H100, bf16, FP8 y and y^T, against the two passes (the row kernel, then the byte
+// transpose), us: layernorm 262144 x 128 62.5 -> 60.3, 262144 x 256 129.8 -> 113.2,
+// 131072 x 512 129.4 -> 113.5, 262144 x 512 257.1 -> 221.6, 65536 x 512 62.4 -> 60.4;
+// rmsnorm 262144 x 256 127.2 -> 106.0, 131072 x 512 126.6 -> 106.2 (once y outgrows the L2
+// the second pass reads it from DRAM again); where the two passes' y stays in the L2,
+// layernorm loses 1.5-3% (131072 x 128 32.5 -> 33.5, 65536 x 256 32.1 -> 32.6), rmsnorm still
+// gains (31.4 -> 30.6, 31.3 -> 30.0). Hidden 384 (a quarter of the lanes' second chunk past
+// the row) lost up to 5% (layernorm 52.6 -> 55.2), so it keeps the two passes; 128-row tiles
+// lost 2-20% at 512; at 48 registers (five blocks an SM) the kernels spilled 8-24 bytes, up
+// to 3% faster at 128-256 and up to 4% slower at 512, the same in sum. Four-chunk rows in
+// 512-thread blocks were 1-5% faster still at 512 (another build), but their sums differ
+// from the row kernel's, and y would change with the copies asked for (benchmarks/RESULTS.md,
+// twenty-eighth session).
+// Hidden 768 and 1024, the tile in shared memory: blocks of 512
 // threads (the register kernels' bound), 16 rows of a warp each, so a 64-row tile (64 KiB
 // at hidden 1024: two blocks an SM) takes four passes of the block. H100, against the two
 // passes: 5-14% faster at hidden 768 and 1024; at 896 (a quarter of each warp's last
@@ -154,7 +170,15 @@ NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy, int64_t 
   const bool wide_shared = !fp32_input && hidden >= shared_min_hidden && hidden <= kNormFwdSharedMaxHidden &&
                            hidden % 128 == 0 &&
                            size_t(kNormFwdSharedTileRows) * size_t(hidden) + kNormFwdStaticSmemBound <= max_block_smem;
-  if (hidden >= kNormFwdTiledMinHidden && hidden <= kNormFwdTiledMaxHidden && hidden % 256 == 0) {
+  // the small bucket's rows that fill their lanes: powers of two (multiples of 128 from 128)
+  const bool small_shared = !fp32_input && hidden >= kNormFwdSmallTiledMinHidden &&
+                            hidden <= kNormFwdSmallMaxHidden && (hidden & (hidden - 1)) == 0;
+  if (small_shared) {
+    tile.rows = norm_fwd_row_shape(hidden);  // the row kernel's row groups: the same sums, the same bytes
+    tile.rows.rows_per_block = kNormFwdSmallMaxThreads / tile.rows.threads_per_row;
+    tile.tile_rows = kNormFwdSmallTileRows;
+    tile.tile = NormTile::kShared;
+  } else if (hidden >= kNormFwdTiledMinHidden && hidden <= kNormFwdTiledMaxHidden && hidden % 256 == 0) {
     tile.rows = norm_fwd_row_shape(hidden);
     tile.rows.rows_per_block = kNormMaxBlockThreads / tile.rows.threads_per_row;
     tile.tile_rows = kNormFwdTileRows;
