@@ -45,10 +45,11 @@ NormRowShape norm_fwd_row_shape(int64_t hidden);
 // - kImmediates (the hidden <= 512 bucket): the barrier numbers as immediates
 //   (sync_row_group, norm_kernels_common.cuh: kNormMaxRowGroupBarrier + 1 barriers), blocks
 //   of kNormFwdSmallMaxThreads (all that bucket launches) bounded for kNormFwdSmallMinBlocks
-//   an SM: 48 registers (ptxas, sm_90a: no spills), 5 blocks an SM where 64 held 4.
+//   an SM: 48 registers (ptxas, sm_90a: no spills but fp16 layernorm's FP8 y, 4 bytes), 5
+//   blocks an SM where 64 held 4; in the shared tile of both FP8 copies (norm_fwd_tiled.cu)
+//   for kNormFwdSmallTiledMinBlocks (64 registers: the tile loop's state spilled at 48).
 // - kCompact: the immediates in blocks of up to kNormFwdCompactMaxThreads, bounded for
-//   kNormFwdCompactMinBlocks an SM (56 registers; ptxas, sm_90a: no spills but LayerNorm's
-//   float y with its amax, 4 bytes).
+//   kNormFwdCompactMinBlocks an SM (56 registers; ptxas, sm_90a: no spills).
 enum class NormRowForm { kWide, kImmediates, kCompact };
 constexpr int kNormFwdWideMinBlocks = 2;  // of kNormMaxBlockThreads
 constexpr int kNormFwdSmallMaxThreads = 256;
