@@ -45,6 +45,19 @@ int max_block_shared_memory(int device) {
                                  "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
 }
 
+bool cooperative_launch_supported(int device) {
+  // cached as the attribute + 1: the attribute itself may be 0
+  static std::atomic<int> cached[kMaxDevices] = {};
+  OPENTE_CHECK_ARG(device >= 0 && device < kMaxDevices, "device index ", device, " is out of range");
+  int value = cached[device].load(std::memory_order_relaxed);
+  if (value == 0) {
+    cuda_check(cudaDeviceGetAttribute(&value, cudaDevAttrCooperativeLaunch, device),
+               "cudaDeviceGetAttribute(CooperativeLaunch)");
+    cached[device].store(++value, std::memory_order_relaxed);
+  }
+  return value > 1;
+}
+
 namespace {
 
 // Occupancy of a kernel at a block size, computed once per (kernel, block size).

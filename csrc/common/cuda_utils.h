@@ -50,6 +50,9 @@ int compute_capability_major(int device);
 // a kernel opts in (cudaFuncAttributeMaxDynamicSharedMemorySize): 227 KiB on Hopper, 163
 // KiB on an A100. Queried once per device.
 int max_block_shared_memory(int device);
+// Whether `device` takes cooperative launches (cudaLaunchAttributeCooperative: the grid's
+// blocks all resident at once, so they may wait on one another). Queried once per device.
+bool cooperative_launch_supported(int device);
 
 // Blocks for a kernel that strides over its work: one thread per work item,
 // capped at `waves` times the blocks of `kernel` that are resident on all SMs at

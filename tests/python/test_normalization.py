@@ -746,9 +746,10 @@ def torch_bwd_fp32(norm, dz, x, w, b, eps, zero_centered):
     return x32.grad.to(x.dtype), w32.grad.to(w.dtype), b32.grad.to(w.dtype) if norm == "layernorm" else None
 
 
-def check_bwd_cuda(norm, rows, hidden, x_dtype, w_dtype, zc, device, gen, misaligned=False):
+def check_bwd_cuda(norm, rows, hidden, x_dtype, w_dtype, zc, device, gen, misaligned=False, repeat=False):
     """The backward on ``device`` against the float64 reference, torch's fp32 autograd and
-    the CPU core: dx, dgamma, dbeta. Returns the CUDA results."""
+    the CPU core: dx, dgamma, dbeta (with ``repeat``, a second call gives the same bits).
+    Returns the CUDA results."""
     x, w, b = make_inputs((rows,), hidden, x_dtype, w_dtype, zc, gen)
     dz = (2 * torch.randn(x.shape, generator=gen)).to(x_dtype)
     (dx_ref, dg_ref, db_ref), (mu, rs), _ = reference_bwd(norm, dz, x, w, b, 1e-5, zc)
@@ -763,6 +764,10 @@ def check_bwd_cuda(norm, rows, hidden, x_dtype, w_dtype, zc, device, gen, misali
     check_rule(got[1], cpu[1], dg_ref, base[1], "dgamma", UNIT[w_dtype])
     if norm == "layernorm":
         check_rule(got[2], cpu[2], db_ref, base[2], "dbeta", UNIT[w_dtype])
+    if repeat:
+        for first, again in zip(got, run_bwd(norm, *inputs, zc)):
+            if first is not None:
+                assert torch.equal(first, again)
     return got
 
 
@@ -1066,6 +1071,22 @@ def test_bwd_cuda_repeats_bit_for_bit(norm, hidden, device, gen):
     for a, c in zip(first, second):
         if a is not None:
             assert torch.equal(a, c)
+
+
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("shape", [(4, 3072), (6, 3000), (20000, 64), (9, 520), (1000, 3072), (1000, 3080)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
+@pytest.mark.parametrize("norm", NORMS)
+def test_bwd_cuda_finalize_in_grid(norm, x_dtype, shape, device, gen):
+    """Up to hidden 3072 the rows kernel sums dgamma / dbeta itself: after a grid-wide
+    barrier each block takes a share of the partial rows' columns. Shares wider than a
+    block (4 x 3072: two blocks of 384 threads, 3072 columns each, in eight passes),
+    blocks left without a share (20000 x 64: 128 columns over a wave of blocks), the last
+    hidden that takes it and one past (3080: the finalize kernel), against the references;
+    a second run gives the same bits."""
+    rows, hidden = shape
+    check_bwd_cuda(norm, rows, hidden, x_dtype, torch.float32, rows % 2 == 1, device, gen, repeat=True)
 
 
 @pytest.mark.parametrize("device", CUDA)

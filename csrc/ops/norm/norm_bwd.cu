@@ -1,4 +1,5 @@
-// LayerNorm and RMSNorm backward on the GPU, in two kernels.
+// LayerNorm and RMSNorm backward on the GPU, in two kernels (one for rows up to
+// kNormBwdInGridFinalizeMaxHidden).
 //
 // 1. Rows (vectorized 16-bit rows longer than 4096 take norm_bwd_pipelined.cu's
 //    kernel instead, which writes the same partial sums): row groups as in the
@@ -16,13 +17,18 @@
 //    writes them itself instead, and the finalize is not launched. The finalize is a
 //    programmatic dependent launch (common/cuda_dependent_launch.cuh): its blocks
 //    start on SMs the rows kernel's last blocks leave free and wait there for its
-//    partials, which saved 1-2 us a backward at hidden 8192-16384 (H100).
+//    partials, which saved 1-2 us a backward at hidden 8192-16384 (H100). Rows up
+//    to kNormBwdInGridFinalizeMaxHidden skip it: the rows kernel is a cooperative
+//    launch, and once a grid-wide barrier has seen every partial row written, each
+//    block sums a share of the columns (finalize_share), 1-2 us sooner (H100).
 // The backward runs one wave (one to three blocks an SM) of at most kNormMaxRowBlocks
 // blocks, so its partial sums fit te_norm_workspace_size's [min(rows, 512), 2, hidden]
 // floats. The sums' order depends on the grid (the GPU's SM count), and is the same
 // from run to run.
 // Rows too long for registers go to norm_fallback.cu, whose partials the same
 // finalize kernel sums.
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <type_traits>
 
@@ -135,6 +141,58 @@ struct RowInputs {
   }
 };
 
+// This block's share of the finalize, inside the rows kernel once the whole grid has
+// written its partial rows (finalize_in_grid): columns [b * width, (b + 1) * width) of
+// the [slots][2 * hidden] partial rows (dgamma's hidden columns, then dbeta's), each
+// summed by up to kInGridLanes lanes of threads (a compensated sum over every lanes-th
+// slot), the lanes then added pairwise in shared memory (`scratch`, blockDim.x floats).
+// The order depends only on the grid, so the bits are the same from run to run.
+constexpr int kInGridLanes = 32;
+
+__device__ __forceinline__ void finalize_share(const float* partials, int slots, int hidden, int column_sums,
+                                               float* scratch, void* dgamma, void* dbeta, te_dtype w_dtype) {
+  const int columns = column_sums * hidden;
+  const int width = (columns + int(gridDim.x) - 1) / int(gridDim.x);
+  const int first = int(blockIdx.x) * width;
+  const int threads = int(blockDim.x);
+  for (int base = 0; base < width; base += threads) {
+    const int n = min(threads, width - base);
+    int lanes = 1;
+    while (2 * lanes * n <= threads && 2 * lanes <= kInGridLanes) lanes *= 2;
+    const int tx = int(threadIdx.x) % n, ty = int(threadIdx.x) / n;
+    const int k = first + base + tx;
+    if (ty < lanes) {
+      KahanSum sum;
+      if (k < columns) {
+        int s = ty;
+        // four slots' loads in flight before their sums: this sits on the op's critical path
+        for (; s + 3 * lanes < slots; s += 4 * lanes) {
+          float v[4];
+#pragma unroll
+          for (int u = 0; u < 4; ++u) v[u] = partials[int64_t(s + u * lanes) * 2 * hidden + k];
+#pragma unroll
+          for (int u = 0; u < 4; ++u) sum.add(v[u]);
+        }
+        for (; s < slots; s += lanes) sum.add(partials[int64_t(s) * 2 * hidden + k]);
+      }
+      scratch[ty * n + tx] = sum.sum;
+    }
+    for (int half = lanes / 2; half >= 1; half /= 2) {
+      __syncthreads();
+      if (ty < half) scratch[ty * n + tx] += scratch[(ty + half) * n + tx];
+    }
+    __syncthreads();
+    if (ty == 0 && k < columns) {
+      if (k < hidden) {
+        store_param(dgamma, k, w_dtype, scratch[tx]);
+      } else {
+        store_param(dbeta, k - hidden, w_dtype, scratch[tx]);
+      }
+    }
+    __syncthreads();  // scratch is reused by the next columns
+  }
+}
+
 // Partial sums written by block b: partials[b][0][c] = sum dz * xhat, partials[b][1][c]
 // = sum dz (LayerNorm only) over the block's rows. Each thread adds them for its
 // columns over the rows it visits: in registers (kNormBwdChunks), or, for the long
@@ -157,7 +215,8 @@ struct RowInputs {
 // spilled 84-176 bytes).
 template <te_dtype kIn, int kChunks, bool kLayerNorm, bool kVectorized, bool kStaged, bool kSharedSums>
 __global__ void __launch_bounds__(kNormMaxBlockThreads)
-    norm_bwd_rows_kernel(NormBwdParams p, int threads_per_row, int rows_per_block, float* partials) {
+    norm_bwd_rows_kernel(NormBwdParams p, int threads_per_row, int rows_per_block, float* partials,
+                         bool finalize_in_grid) {
   using In = typename CudaType<kIn>::type;
   // LayerNorm reduces (sum dyg, sum dyg * xhat) at once; RMSNorm only the second.
   using RowSums = std::conditional_t<kLayerNorm, float2, float>;
@@ -328,6 +387,12 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads)
     }
     for (int k = int(threadIdx.x); k < slice; k += int(blockDim.x)) emit(k, sums[k]);
   }
+  if (finalize_in_grid) {
+    // launched cooperatively (every block resident): once every block's partial row is
+    // written and visible, each block sums its share of the columns
+    cooperative_groups::this_grid().sync();
+    finalize_share(partials, int(gridDim.x), hidden, kColumnSums, gamma_tile, p.dgamma, p.dbeta, p.w_dtype);
+  }
 }
 
 // dgamma[c] (dbeta[c]) = sum over the `slots` partial rows [slots, 2, hidden]. A block
@@ -376,7 +441,8 @@ size_t bwd_smem_bytes(const NormBwdParams& p, const NormRowShape& shape, bool st
   return stages + (tile + sums) * sizeof(float);
 }
 
-// Launches the rows kernel; returns how many partial rows it writes.
+// Launches the rows kernel; returns how many partial rows it leaves for the finalize
+// kernel, or 1 where it wrote dgamma / dbeta itself.
 int64_t launch_rows_kernel(const NormBwdParams& p, const NormRowShape& shape, int device, float* partials,
                            cudaStream_t stream) {
   const bool layernorm = p.type == NormType::kLayerNorm;
@@ -388,9 +454,22 @@ int64_t launch_rows_kernel(const NormBwdParams& p, const NormRowShape& shape, in
   auto launch = [&](auto kernel) {
     const void* fn = reinterpret_cast<const void*>(kernel);
     grid = std::min(norm_resident_grid(fn, shape, smem, p.rows, device), kNormMaxRowBlocks);
-    kernel<<<unsigned(grid), unsigned(shape.block_threads()), smem, stream>>>(
-        p, shape.threads_per_row, shape.rows_per_block, partials);
-    check_launch("norm_bwd_rows_kernel");
+    // The grid is resident (one wave), so a cooperative launch only asks the GPU to
+    // promise it, which the grid-wide barrier before the finalize share needs.
+    const bool in_grid = grid > 1 && p.hidden <= kNormBwdInGridFinalizeMaxHidden && cooperative_launch_supported(device);
+    cudaLaunchAttribute cooperative{};
+    cooperative.id = cudaLaunchAttributeCooperative;
+    cooperative.val.cooperative = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(unsigned(grid));
+    config.blockDim = dim3(unsigned(shape.block_threads()));
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    config.attrs = &cooperative;
+    config.numAttrs = in_grid ? 1 : 0;
+    cuda_check(cudaLaunchKernelEx(&config, kernel, p, shape.threads_per_row, shape.rows_per_block, partials, in_grid),
+               "norm_bwd_rows_kernel");
+    if (in_grid) grid = 1;  // dgamma / dbeta written: no finalize kernel
   };
   // the one switch from the shape's bucket and the norm to template arguments
   auto launch_bucket = [&](auto in_tag, auto vectorized_tag) {

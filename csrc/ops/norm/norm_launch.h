@@ -160,6 +160,16 @@ constexpr int kNormFinalizeWideColumns = 32;
 constexpr int kNormFinalizeNarrowColumns = 16;
 int norm_finalize_columns(int64_t hidden, int multiprocessors);
 
+// Rows up to this long (the register backward, norm_bwd.cu) have their dgamma / dbeta
+// summed inside the rows kernel (a cooperative launch: a grid-wide barrier, then each
+// block sums a share of the columns of the partial rows) rather than by a finalize
+// kernel launched after it. H100, layernorm / rmsnorm backward, us, finalize kernel
+// against in the grid: 262144 x 64 47.6 / 46.0 and 44.7 / 43.6, 65536 x 256 46.8 / 45.0
+// and 44.3 / 43.0, 16384 x 1024 47.1 / 45.6 and 44.8 / 43.6, 8192 x 3072 64.0 / 63.3 and
+// 61.8 / 60.9; but 16384 x 4096 155.3 / 156.0 and 153.7 / 153.9 (there each block's
+// share is 63 columns of 132 partial rows).
+constexpr int64_t kNormBwdInGridFinalizeMaxHidden = 3072;
+
 // Longest rows the register kernels take: 512 threads x 32 elements.
 constexpr int64_t kNormFwdMaxRegisterHidden = int64_t(kNormMaxBlockThreads) * kNormFwdChunks * 8;
 constexpr int64_t kNormBwdMaxRegisterHidden = int64_t(kNormMaxBlockThreads) * kNormBwdLongChunks * 8;
