@@ -11,15 +11,17 @@
 // arithmetic and stores. The row is read from shared memory twice (the sums, then
 // dx), so no register holds it across the row's reduction, and each thread keeps its
 // 16 columns' sums (dgamma, dbeta) in registers: 64 registers, blocks of up to 1024
-// threads. (32 columns a thread, in half the threads and 128 registers, was 1-3%
+// threads; 56 in the compact form for hidden 8193 to 9216, two blocks an SM (layernorm's
+// spills 8-32 bytes there, and still gained 7-11%). (32 columns a thread, in half the threads and 128 registers, was 1-3%
 // slower at hidden 5120 and 8192 and the same at 12288 and 16384; H100. Three stages,
 // two rows in flight, where the smem fits them: 12288 no faster, 5120 and 8192 5-15%
 // slower with fewer blocks an SM.)
 //
 // Shared memory: gamma's fp32 tile (stage_weights' order), then two stages of
 // [dz, x][2 chunks][threads] 16-byte words (RowShare::stage's layout): 192 bytes a
-// thread. Hidden 16384: 192 KiB, one block of 32 warps an SM; 8192: 96 KiB, two of
-// 16; 5120: 60 KiB, three of 10 (hence kNormMaxRowBlocks = 512).
+// thread. Hidden 16384: 192 KiB, one block of 32 warps an SM; 9216: 108 KiB, two of 18
+// (the compact form); 8192: 96 KiB, two of 16; 5120: 60 KiB, three of 10 (hence
+// kNormMaxRowBlocks = 512).
 //
 // Partial sums and the finalize are norm_bwd.cu's: block b writes partials[b] =
 // [sum dz * xhat, sum dz] over its rows, or, a grid of one block, dgamma / dbeta.
@@ -57,8 +59,17 @@ __device__ __forceinline__ Vec8<In> staged_chunk(const uint4* stage, int j) {
 
 constexpr int kChunks = kNormBwdPipelinedChunks;
 
-template <te_dtype kIn, bool kLayerNorm>
-__global__ void __launch_bounds__(kNormBwdPipelinedMaxThreads)
+// kCompact: 56 registers (blocks of up to kCompactMaxThreads, two an SM), for rows of
+// hidden 8193 to 9216 (544 to 576 threads), whose blocks at the plain kernel's 64 (59 for
+// rmsnorm) registers are one an SM though their shared memory fits two (see
+// norm_bwd_pipelined_cuda). The plain kernel's minimum of 0 blocks leaves ptxas its own
+// choice under 1024 threads, as before the compact form existed.
+constexpr int kCompactMaxThreads = 576;
+constexpr int kCompactMinBlocks = 2;
+
+template <te_dtype kIn, bool kLayerNorm, bool kCompact>
+__global__ void __launch_bounds__(kCompact ? kCompactMaxThreads : kNormBwdPipelinedMaxThreads,
+                                  kCompact ? kCompactMinBlocks : 0)
     norm_bwd_pipelined_kernel(NormBwdParams p, float* partials, int cluster_blocks) {
   using In = typename CudaType<kIn>::type;
   using Share = RowShare<In, kChunks, true>;
@@ -298,9 +309,21 @@ int64_t norm_bwd_pipelined_cuda(const NormBwdParams& p, int device, float* parti
   const size_t smem = tile * sizeof(float) + stages;
   const bool layernorm = p.type == NormType::kLayerNorm;
   int64_t slots = 0;
-  auto launch = [&](auto kernel) {
+  auto launch = [&](auto kernel, auto compact_kernel) {
     const void* fn = reinterpret_cast<const void*>(kernel);
     int64_t grid = std::min(norm_resident_grid(fn, shape, smem, p.rows, device), kNormMaxRowBlocks);
+    // The compact form where the plain one runs a block an SM and it runs two. H100, us,
+    // plain / compact: layernorm 8192 x 8704 193.3 / 171.5, 8192 x 9216 198.1 / 179.5,
+    // 16384 x 9216 374.9 / 344.7, 4096 x 9216 108.8 / 101.6; rmsnorm 8192 x 9216 185.6 /
+    // 180.7, 16384 x 9216 355.0 / 345.7. Where it would take three blocks an SM to four
+    // (hidden 4104-4608) or two to three (5128-6144) it was 1-8% slower (rmsnorm 16384 x
+    // 6144 220.9 / 238.2): spread over more blocks, the SM's rows do not go faster.
+    if (shape.threads_per_row <= kCompactMaxThreads && grid <= multiprocessor_count(device)) {
+      const void* compact_fn = reinterpret_cast<const void*>(compact_kernel);
+      const int64_t compact_grid =
+          std::min(norm_resident_grid(compact_fn, shape, smem, p.rows, device), kNormMaxRowBlocks);
+      if (compact_grid > grid) kernel = compact_kernel, fn = compact_fn, grid = compact_grid;
+    }
     const int cluster = cluster_blocks_for(fn, shape.threads_per_row, smem, grid, p.rows, layernorm, device);
     if (cluster == 1) {
       kernel<<<unsigned(grid), unsigned(shape.threads_per_row), smem, as_stream(stream)>>>(p, partials, 1);
@@ -316,11 +339,15 @@ int64_t norm_bwd_pipelined_cuda(const NormBwdParams& p, int device, float* parti
     slots = grid / cluster;
   };
   if (p.in_dtype == TE_DTYPE_BFLOAT16) {
-    layernorm ? launch(norm_bwd_pipelined_kernel<TE_DTYPE_BFLOAT16, true>)
-              : launch(norm_bwd_pipelined_kernel<TE_DTYPE_BFLOAT16, false>);
+    layernorm ? launch(norm_bwd_pipelined_kernel<TE_DTYPE_BFLOAT16, true, false>,
+                       norm_bwd_pipelined_kernel<TE_DTYPE_BFLOAT16, true, true>)
+              : launch(norm_bwd_pipelined_kernel<TE_DTYPE_BFLOAT16, false, false>,
+                       norm_bwd_pipelined_kernel<TE_DTYPE_BFLOAT16, false, true>);
   } else {
-    layernorm ? launch(norm_bwd_pipelined_kernel<TE_DTYPE_FLOAT16, true>)
-              : launch(norm_bwd_pipelined_kernel<TE_DTYPE_FLOAT16, false>);
+    layernorm ? launch(norm_bwd_pipelined_kernel<TE_DTYPE_FLOAT16, true, false>,
+                       norm_bwd_pipelined_kernel<TE_DTYPE_FLOAT16, true, true>)
+              : launch(norm_bwd_pipelined_kernel<TE_DTYPE_FLOAT16, false, false>,
+                       norm_bwd_pipelined_kernel<TE_DTYPE_FLOAT16, false, true>);
   }
   return slots;
 }
