@@ -873,6 +873,39 @@ def test_bwd_cuda_workspace_off_16_bytes(norm, hidden, device, gen, monkeypatch)
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("hidden", [256, 3072, 5120], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("norm", NORMS)
+def test_bwd_cuda_graph_replay(norm, hidden, device, gen):
+    """The backward captured in a CUDA graph (up to hidden 3072 the rows kernel's
+    cooperative launch, above it the finalize's dependent launch) and replayed on new
+    inputs gives the bits of an eager call on them."""
+
+    def inputs():
+        x, w, _ = make_inputs((600,), hidden, torch.bfloat16, torch.float32, False, gen)
+        dz = torch.randn(x.shape, generator=gen).to(torch.bfloat16).to(device)
+        x, w = x.to(device), w.to(device)
+        _, mu, rs = run_fwd(norm, x, w, torch.zeros_like(w), 1e-5, False)
+        return dz, x, mu, rs, w
+
+    static = inputs()
+    run_bwd(norm, *static, False)  # the host-side queries happen outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run_bwd(norm, *static, False)
+    fresh = inputs()
+    for into, value in zip(static, fresh):
+        if into is not None:
+            into.copy_(value)
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = run_bwd(norm, *fresh, False)
+    for replayed, expected in zip(captured, eager):
+        if replayed is not None:
+            assert torch.equal(replayed, expected)
+
+
 def alone_and_queued(run, calls):
     """(results of run(*args) for each of ``calls`` with the GPU drained after each, the
     same calls queued one after another with no wait between them): a kernel launched
@@ -891,9 +924,10 @@ def alone_and_queued(run, calls):
 @pytest.mark.parametrize("norm", NORMS)
 def test_bwd_cuda_back_to_back(norm, hidden, device, gen):
     """Backward calls queued one after another with no wait between them: each call's
-    finalize (a dependent launch, started before its rows kernel ends) must read the
-    partial sums of its own call, in a workspace the next call reuses. Every result equals
-    that of the same call run alone, bit for bit."""
+    finalize (a dependent launch, started before its rows kernel ends; at hidden 1024 the
+    rows kernel's own blocks past a grid barrier) must read the partial sums of its own
+    call, in a workspace the next call reuses. Every result equals that of the same call
+    run alone, bit for bit."""
     calls = []
     for _ in range(4):
         x, w, _ = make_inputs((600,), hidden, torch.bfloat16, torch.float32, False, gen)

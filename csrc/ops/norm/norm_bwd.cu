@@ -467,8 +467,17 @@ int64_t launch_rows_kernel(const NormBwdParams& p, const NormRowShape& shape, in
     config.stream = stream;
     config.attrs = &cooperative;
     config.numAttrs = in_grid ? 1 : 0;
-    cuda_check(cudaLaunchKernelEx(&config, kernel, p, shape.threads_per_row, shape.rows_per_block, partials, in_grid),
-               "norm_bwd_rows_kernel");
+    cudaError_t err = cudaLaunchKernelEx(&config, kernel, p, shape.threads_per_row, shape.rows_per_block, partials, in_grid);
+    if (in_grid && err == cudaErrorCooperativeLaunchTooLarge) {
+      // fewer SMs than the device has (MPS, a partitioned context): the plain launch, and
+      // the finalize kernel after it
+      (void)cudaGetLastError();
+      config.numAttrs = 0;
+      err = cudaLaunchKernelEx(&config, kernel, p, shape.threads_per_row, shape.rows_per_block, partials, false);
+      cuda_check(err, "norm_bwd_rows_kernel");
+      return;
+    }
+    cuda_check(err, "norm_bwd_rows_kernel");
     if (in_grid) grid = 1;  // dgamma / dbeta written: no finalize kernel
   };
   // the one switch from the shape's bucket and the norm to template arguments
