@@ -11,8 +11,10 @@
 // arithmetic and stores. The row is read from shared memory twice (the sums, then
 // dx), so no register holds it across the row's reduction, and each thread keeps its
 // 16 columns' sums (dgamma, dbeta) in registers: 64 registers, blocks of up to 1024
-// threads; 56 in the compact form for hidden 8193 to 9216, two blocks an SM (layernorm's
-// spills 8-32 bytes there, and still gained 7-11%). (32 columns a thread, in half the threads and 128 registers, was 1-3%
+// threads. Two other forms (PipelinedForm) where that runs one block an SM: 56
+// registers for hidden 8193 to 9216, two blocks an SM (layernorm's spills 8-32 bytes
+// there, and still gained 7-11%); 80 for hidden 9217 to 12288, holding x hat and
+// dz * gamma for dx instead of reading the row again (3-6% faster). (32 columns a thread, in half the threads and 128 registers, was 1-3%
 // slower at hidden 5120 and 8192 and the same at 12288 and 16384; H100. Three stages,
 // two rows in flight, where the smem fits them: 12288 no faster, 5120 and 8192 5-15%
 // slower with fewer blocks an SM.)
@@ -59,17 +61,32 @@ __device__ __forceinline__ Vec8<In> staged_chunk(const uint4* stage, int j) {
 
 constexpr int kChunks = kNormBwdPipelinedChunks;
 
-// kCompact: 56 registers (blocks of up to kCompactMaxThreads, two an SM), for rows of
-// hidden 8193 to 9216 (544 to 576 threads), whose blocks at the plain kernel's 64 (59 for
-// rmsnorm) registers are one an SM though their shared memory fits two (see
-// norm_bwd_pipelined_cuda). The plain kernel's minimum of 0 blocks leaves ptxas its own
-// choice under 1024 threads, as before the compact form existed.
+// The kernel's register bounds, chosen by norm_bwd_pipelined_cuda where the plain form
+// runs one block an SM:
+// - kPlain: blocks of up to 1024 threads; a minimum of 0 blocks leaves ptxas its own
+//   choice under 64 registers (59 for rmsnorm).
+// - kCompact: 56 registers (blocks of up to 576 threads, two an SM), for rows of hidden
+//   8193 to 9216 (544 to 576 threads), whose blocks at the plain form's registers are one
+//   an SM though their shared memory fits two.
+// - kHolding: 80 registers (blocks of up to 768 threads, one an SM), for hidden 9217 to
+//   12288 (and for fewer rows than SMs up to there), whose blocks are one an SM anyway (their shared memory, 111-148 KiB, fits one):
+//   x hat and dz * gamma are held across the row's reduction instead of recomputed from
+//   the staged row for dx, so a row takes fewer instructions (layernorm spills 4-12 bytes).
+enum class PipelinedForm { kPlain, kCompact, kHolding };
 constexpr int kCompactMaxThreads = 576;
-constexpr int kCompactMinBlocks = 2;
+constexpr int kHoldingMaxThreads = 768;
 
-template <te_dtype kIn, bool kLayerNorm, bool kCompact>
-__global__ void __launch_bounds__(kCompact ? kCompactMaxThreads : kNormBwdPipelinedMaxThreads,
-                                  kCompact ? kCompactMinBlocks : 0)
+constexpr int form_max_threads(PipelinedForm form) {
+  return form == PipelinedForm::kCompact ? kCompactMaxThreads
+         : form == PipelinedForm::kHolding ? kHoldingMaxThreads
+                                           : kNormBwdPipelinedMaxThreads;
+}
+constexpr int form_min_blocks(PipelinedForm form) {
+  return form == PipelinedForm::kCompact ? 2 : form == PipelinedForm::kHolding ? 1 : 0;
+}
+
+template <te_dtype kIn, bool kLayerNorm, PipelinedForm kForm>
+__global__ void __launch_bounds__(form_max_threads(kForm), form_min_blocks(kForm))
     norm_bwd_pipelined_kernel(NormBwdParams p, float* partials, int cluster_blocks) {
   using In = typename CudaType<kIn>::type;
   using Share = RowShare<In, kChunks, true>;
@@ -130,10 +147,16 @@ __global__ void __launch_bounds__(kCompact ? kCompactMaxThreads : kNormBwdPipeli
       }
     };
     float sum_dyg = 0.0f, sum_dyg_xhat = 0.0f;
+    constexpr bool kHold = kForm == PipelinedForm::kHolding;
+    float held_xhat[kHold ? kChunks : 1][kChunk], held_dyg[kHold ? kChunks : 1][kChunk];
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       float xhat[kChunk], dyg[kChunk], dz[kChunk], dyg_xhat[kChunk];
       xhat_and_dyg(j, xhat, dyg, dz);
+      if constexpr (kHold) {
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) held_xhat[j][i] = xhat[i], held_dyg[j][i] = dyg[i];
+      }
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) {
         dyg_xhat[i] = dyg[i] * xhat[i];
@@ -150,7 +173,12 @@ __global__ void __launch_bounds__(kCompact ? kCompactMaxThreads : kNormBwdPipeli
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       float xhat[kChunk], dyg[kChunk], dz[kChunk], dx[kChunk];
-      xhat_and_dyg(j, xhat, dyg, dz);
+      if constexpr (kHold) {
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) xhat[i] = held_xhat[j][i], dyg[i] = held_dyg[j][i];
+      } else {
+        xhat_and_dyg(j, xhat, dyg, dz);
+      }
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) dx[i] = rsigma * (dyg[i] - mean_dyg - xhat[i] * mean_dyg_xhat);
       store_chunk<true, kIn>(dx_row, group.column(j), hidden, dx);
@@ -309,7 +337,7 @@ int64_t norm_bwd_pipelined_cuda(const NormBwdParams& p, int device, float* parti
   const size_t smem = tile * sizeof(float) + stages;
   const bool layernorm = p.type == NormType::kLayerNorm;
   int64_t slots = 0;
-  auto launch = [&](auto kernel, auto compact_kernel) {
+  auto launch = [&](auto kernel, auto compact_kernel, auto holding_kernel) {
     const void* fn = reinterpret_cast<const void*>(kernel);
     int64_t grid = std::min(norm_resident_grid(fn, shape, smem, p.rows, device), kNormMaxRowBlocks);
     // The compact form where the plain one runs a block an SM and it runs two. H100, us,
@@ -318,11 +346,22 @@ int64_t norm_bwd_pipelined_cuda(const NormBwdParams& p, int device, float* parti
     // 180.7, 16384 x 9216 355.0 / 345.7. Where it would take three blocks an SM to four
     // (hidden 4104-4608) or two to three (5128-6144) it was 1-8% slower (rmsnorm 16384 x
     // 6144 220.9 / 238.2): spread over more blocks, the SM's rows do not go faster.
-    if (shape.threads_per_row <= kCompactMaxThreads && grid <= multiprocessor_count(device)) {
-      const void* compact_fn = reinterpret_cast<const void*>(compact_kernel);
-      const int64_t compact_grid =
-          std::min(norm_resident_grid(compact_fn, shape, smem, p.rows, device), kNormMaxRowBlocks);
-      if (compact_grid > grid) kernel = compact_kernel, fn = compact_fn, grid = compact_grid;
+    // Else, at one block an SM, the holding form where its blocks fit (H100, us, plain /
+    // holding): layernorm 4096 x 9728 111.4 / 108.5, 8192 x 10240 212.9 / 206.5, 4096 x
+    // 11264 124.1 / 120.1, 4096 x 12288 130.2 / 126.8, 8192 x 12288 241.4 / 233.1;
+    // rmsnorm 104.8 / 100.7, 201.5 / 190.4, 115.5 / 110.1, 123.1 / 118.6, 225.5 / 219.2.
+    if (grid <= multiprocessor_count(device)) {
+      bool compact = false;
+      if (shape.threads_per_row <= kCompactMaxThreads) {
+        const void* compact_fn = reinterpret_cast<const void*>(compact_kernel);
+        const int64_t compact_grid =
+            std::min(norm_resident_grid(compact_fn, shape, smem, p.rows, device), kNormMaxRowBlocks);
+        if (compact_grid > grid) kernel = compact_kernel, fn = compact_fn, grid = compact_grid, compact = true;
+      }
+      if (!compact && shape.threads_per_row <= kHoldingMaxThreads) {
+        kernel = holding_kernel, fn = reinterpret_cast<const void*>(holding_kernel);
+        grid = std::min(norm_resident_grid(fn, shape, smem, p.rows, device), kNormMaxRowBlocks);
+      }
     }
     const int cluster = cluster_blocks_for(fn, shape.threads_per_row, smem, grid, p.rows, layernorm, device);
     if (cluster == 1) {
@@ -338,16 +377,20 @@ int64_t norm_bwd_pipelined_cuda(const NormBwdParams& p, int device, float* parti
     cuda_check(cudaLaunchKernelEx(&config, kernel, p, partials, cluster), "norm_bwd_pipelined_kernel (clusters)");
     slots = grid / cluster;
   };
+  // the one switch from the dtype and the norm to template arguments; launch picks the form
+  auto launch_forms = [&](auto in_tag, auto layernorm_tag) {
+    constexpr te_dtype kIn = decltype(in_tag)::value;
+    constexpr bool kLayerNorm = decltype(layernorm_tag)::value;
+    launch(norm_bwd_pipelined_kernel<kIn, kLayerNorm, PipelinedForm::kPlain>,
+           norm_bwd_pipelined_kernel<kIn, kLayerNorm, PipelinedForm::kCompact>,
+           norm_bwd_pipelined_kernel<kIn, kLayerNorm, PipelinedForm::kHolding>);
+  };
+  using Bf16 = std::integral_constant<te_dtype, TE_DTYPE_BFLOAT16>;
+  using Fp16 = std::integral_constant<te_dtype, TE_DTYPE_FLOAT16>;
   if (p.in_dtype == TE_DTYPE_BFLOAT16) {
-    layernorm ? launch(norm_bwd_pipelined_kernel<TE_DTYPE_BFLOAT16, true, false>,
-                       norm_bwd_pipelined_kernel<TE_DTYPE_BFLOAT16, true, true>)
-              : launch(norm_bwd_pipelined_kernel<TE_DTYPE_BFLOAT16, false, false>,
-                       norm_bwd_pipelined_kernel<TE_DTYPE_BFLOAT16, false, true>);
+    layernorm ? launch_forms(Bf16{}, std::true_type{}) : launch_forms(Bf16{}, std::false_type{});
   } else {
-    layernorm ? launch(norm_bwd_pipelined_kernel<TE_DTYPE_FLOAT16, true, false>,
-                       norm_bwd_pipelined_kernel<TE_DTYPE_FLOAT16, true, true>)
-              : launch(norm_bwd_pipelined_kernel<TE_DTYPE_FLOAT16, false, false>,
-                       norm_bwd_pipelined_kernel<TE_DTYPE_FLOAT16, false, true>);
+    layernorm ? launch_forms(Fp16{}, std::true_type{}) : launch_forms(Fp16{}, std::false_type{});
   }
   return slots;
 }
