@@ -456,7 +456,8 @@ int64_t launch_rows_kernel(const NormBwdParams& p, const NormRowShape& shape, in
     grid = std::min(norm_resident_grid(fn, shape, smem, p.rows, device), kNormMaxRowBlocks);
     // The grid is resident (one wave), so a cooperative launch only asks the GPU to
     // promise it, which the grid-wide barrier before the finalize share needs.
-    const bool in_grid = grid > 1 && p.hidden <= kNormBwdInGridFinalizeMaxHidden && cooperative_launch_supported(device);
+    const bool in_grid =
+        grid > 1 && p.hidden <= kNormBwdInGridFinalizeMaxHidden && cooperative_launch_supported(device);
     cudaLaunchAttribute cooperative{};
     cooperative.id = cudaLaunchAttributeCooperative;
     cooperative.val.cooperative = 1;
@@ -467,7 +468,8 @@ int64_t launch_rows_kernel(const NormBwdParams& p, const NormRowShape& shape, in
     config.stream = stream;
     config.attrs = &cooperative;
     config.numAttrs = in_grid ? 1 : 0;
-    cudaError_t err = cudaLaunchKernelEx(&config, kernel, p, shape.threads_per_row, shape.rows_per_block, partials, in_grid);
+    cudaError_t err =
+        cudaLaunchKernelEx(&config, kernel, p, shape.threads_per_row, shape.rows_per_block, partials, in_grid);
     if (in_grid && err == cudaErrorCooperativeLaunchTooLarge) {
       // fewer SMs than the device has (MPS, a partitioned context): the plain launch, and
       // the finalize kernel after it

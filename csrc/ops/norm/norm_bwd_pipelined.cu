@@ -14,8 +14,9 @@
 // threads. Two other forms (PipelinedForm) where that runs one block an SM: 56
 // registers for hidden 8193 to 9216, two blocks an SM (layernorm's spills 8-32 bytes
 // there, and still gained 7-11%); 80 for hidden 9217 to 12288, holding x hat and
-// dz * gamma for dx instead of reading the row again (3-6% faster). (32 columns a thread, in half the threads and 128 registers, was 1-3%
-// slower at hidden 5120 and 8192 and the same at 12288 and 16384; H100. Three stages,
+// dz * gamma for dx instead of reading the row again (3-6% faster). (32 columns a
+// thread, in half the threads and 128 registers, was 1-3% slower at hidden 5120 and
+// 8192 and the same at 12288 and 16384; H100. Three stages,
 // two rows in flight, where the smem fits them: 12288 no faster, 5120 and 8192 5-15%
 // slower with fewer blocks an SM.)
 //
@@ -69,9 +70,10 @@ constexpr int kChunks = kNormBwdPipelinedChunks;
 //   8193 to 9216 (544 to 576 threads), whose blocks at the plain form's registers are one
 //   an SM though their shared memory fits two.
 // - kHolding: 80 registers (blocks of up to 768 threads, one an SM), for hidden 9217 to
-//   12288 (and for fewer rows than SMs up to there), whose blocks are one an SM anyway (their shared memory, 111-148 KiB, fits one):
-//   x hat and dz * gamma are held across the row's reduction instead of recomputed from
-//   the staged row for dx, so a row takes fewer instructions (layernorm spills 4-12 bytes).
+//   12288 (and for fewer rows than SMs up to there), whose blocks are one an SM anyway
+//   (their shared memory, 111-148 KiB, fits one): x hat and dz * gamma are held across
+//   the row's reduction instead of recomputed from the staged row for dx, so a row takes
+//   fewer instructions (layernorm spills 4-12 bytes).
 enum class PipelinedForm { kPlain, kCompact, kHolding };
 constexpr int kCompactMaxThreads = 576;
 constexpr int kHoldingMaxThreads = 768;
