@@ -63,6 +63,10 @@ void norm_fwd_tiled_cuda(const NormFwdParams& p, int device, void* stream) {
           } else {
             launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdSmallChunks, false, true, false, kShared, kSmall>);
           }
+        } else {
+          // norm_fwd_tile_shape keeps fp32 rows of the small bucket on the two passes (the
+          // C++ test NormRowShape.TiledForward checks it): were that to change, say so
+          fail(TE_ERROR_INTERNAL, "norm forward (tiled): no small-row tile kernel for fp32 rows");
         }
         return;
       }
