@@ -50,6 +50,32 @@ TEST(NormRowShape, ForwardBuckets) {
   EXPECT_FALSE(opente::norm_fwd_row_shape(int64_t(1) << 40).in_registers());
 }
 
+TEST(NormRowShape, ForwardThreeChunkRows) {
+  // with the three-chunk kernels (16-bit vectorized rows), the hidden <= 512 bucket takes
+  // whichever of 2 and 3 chunks a thread covers the row with fewer columns past it
+  for (int64_t hidden = 1; hidden <= opente::kNormFwdMaxRegisterHidden; ++hidden) {
+    const NormRowShape s = opente::norm_fwd_row_shape(hidden, /*three_chunk_rows=*/true);
+    check_shape(s, hidden, "forward, three-chunk rows");
+    const NormRowShape two = opente::norm_fwd_row_shape(hidden);
+    if (hidden > opente::kNormFwdSmallMaxHidden) {
+      EXPECT_TRUE(s.chunks == two.chunks && s.threads_per_row == two.threads_per_row) << hidden;
+      continue;
+    }
+    ASSERT_TRUE(s.chunks == opente::kNormFwdSmallChunks || s.chunks == opente::kNormFwdSmallOddChunks) << hidden;
+    // the immediates' 256-thread blocks, rows of a warp or less
+    EXPECT_EQ(s.block_threads(), opente::kNormFwdSmallMaxThreads) << hidden;
+    EXPECT_LE(s.threads_per_row, 32) << hidden;
+    const int64_t columns = int64_t(s.threads_per_row) * s.chunks * 8;
+    EXPECT_LE(columns, int64_t(two.threads_per_row) * two.chunks * 8) << hidden;
+    EXPECT_EQ(opente::norm_fwd_row_form(s, true, opente::NormType::kLayerNorm), opente::NormRowForm::kImmediates);
+  }
+  auto shape = [](int64_t hidden) { return opente::norm_fwd_row_shape(hidden, true); };
+  EXPECT_TRUE(shape(384).chunks == 3 && shape(384).threads_per_row == 16);  // two chunks: 8 of 32 lanes idle
+  EXPECT_TRUE(shape(96).chunks == 3 && shape(96).threads_per_row == 4);
+  EXPECT_TRUE(shape(320).chunks == 3 && shape(320).threads_per_row == 16);
+  for (int64_t hidden : {8, 16, 64, 128, 200, 256, 392, 512}) EXPECT_EQ(shape(hidden).chunks, 2) << hidden;
+}
+
 TEST(NormRowShape, RowForms) {
   using opente::NormRowForm;
   using opente::NormType;

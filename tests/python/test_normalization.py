@@ -552,8 +552,11 @@ def test_fwd_cuda(norm, x_dtype, shape, device, gen):
 # counts that are not powers of two. The forward's 16-bit rows take its compact blocks
 # (norm_fwd_row_form) at 2049-3072 and 4097-7168, and LayerNorm's also at 8193-9216 and
 # 10241-12288: 2056, 4104, 7168, 8193, 9216, 10248 and 12288 there, 7176, 9224 and 10240
-# just past. Rows of up to 512 take the small bucket's 256-thread blocks.
-BUCKET_HIDDEN = [1, 3, 8, 15, 16, 17, 24, 100, 128, 136, 255, 256, 264, 511, 512, 513, 520, 1000, 1023, 1024,
+# just past. Rows of up to 512 take the small bucket's 256-thread blocks; of those, 16-bit
+# vectorized rows that three chunks a thread fill better than two (norm_fwd_row_shape) take
+# 24 elements a thread: 24, 40, 96, 192, 264, 320 and 384 (16 lanes) here, 200 and 392 keep two.
+BUCKET_HIDDEN = [1, 3, 8, 15, 16, 17, 24, 40, 96, 100, 128, 136, 192, 200, 255, 256, 264, 320, 384, 392, 511, 512,
+                 513, 520, 1000, 1023, 1024,
                  1025, 1032, 1536, 2048, 2056, 3000, 4095, 4096, 4104, 7168, 7176, 8184, 8191, 8192, 8193, 8200,
                  9216, 9224, 10240, 10248, 12288, 16376, 16383, 16384, 16385, 16392]
 
@@ -572,16 +575,17 @@ def test_fwd_cuda_buckets(norm, hidden, device, gen):
 
 
 @pytest.mark.parametrize("device", CUDA)
-@pytest.mark.parametrize("hidden", [8, 136, 1024, 3000, 16384], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("hidden", [8, 136, 384, 1024, 3000, 16384], ids=lambda h: f"h{h}")
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.float16], ids=dtype_id)
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_cuda_buckets_other_dtypes(norm, x_dtype, hidden, device, gen):
-    """fp32 rows load as two 16-byte vectors a chunk; fp16 with fp32 weights."""
+    """fp32 rows load as two 16-byte vectors a chunk; fp16 with fp32 weights (at 384 three
+    chunks a thread, fp32 two)."""
     check_fwd_cuda(norm, 7, hidden, x_dtype, OTHER[x_dtype], True, device, gen)
 
 
 @pytest.mark.parametrize("device", ["cpu"] + CUDA)
-@pytest.mark.parametrize("hidden", [64, 1000, 1024, 4096, 16384, 20000], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("hidden", [64, 384, 1000, 1024, 4096, 16384, 20000], ids=lambda h: f"h{h}")
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_hard_rows(norm, x_dtype, hidden, device, gen):
@@ -624,13 +628,14 @@ def test_fwd_cuda_fewer_rows_than_a_block(norm, hidden, rows, device, gen):
 @pytest.mark.parametrize("device", CUDA)
 @pytest.mark.parametrize("out_dtype", FLOAT_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("misaligned", [False, True], ids=["aligned", "misaligned"])
-@pytest.mark.parametrize("hidden", [64, 1000, 4096, 4097], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("hidden", [64, 384, 1000, 4096, 4097], ids=lambda h: f"h{h}")
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_cuda_views_and_out_dtypes(norm, x_dtype, hidden, misaligned, out_dtype, device, gen):
     """An input view off 16-byte alignment (and hidden 4097) takes the element-wise path,
     which writes the output dtype read at run time; aligned ones the vectorized path with
-    each output dtype compiled in."""
+    each output dtype compiled in (at 384 bf16 rows with a bf16 y take three chunks a
+    thread, with another y two)."""
     check_fwd_cuda(norm, 37, hidden, x_dtype, torch.float32, False, device, gen, misaligned=misaligned,
                    out_dtype=out_dtype)
 
@@ -686,11 +691,13 @@ def test_fwd_fp8_cuda(norm, x_dtype, shape, fp8_dtype, columnwise, device, gen):
 @pytest.mark.parametrize("device", CUDA)
 @pytest.mark.parametrize("misaligned", [False, True], ids=["aligned", "misaligned"])
 @pytest.mark.parametrize("columnwise", [False, True], ids=["rowwise", "both"])
-@pytest.mark.parametrize("hidden", [3, 16, 136, 513, 4095, 4104, 8192, 10248, 16385], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("hidden", [3, 16, 96, 136, 384, 513, 4095, 4104, 8192, 10248, 16385],
+                         ids=lambda h: f"h{h}")
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_fp8_cuda_buckets(norm, hidden, columnwise, misaligned, device, gen):
-    """The fused FP8 cast in each bucket, on the vectorized (FP8 type compiled in) and the
-    element-wise path (read at run time), and in the fallback (16385)."""
+    """The fused FP8 cast in each bucket (96 and 384: three chunks a thread), on the
+    vectorized (FP8 type compiled in) and the element-wise path (read at run time), and in
+    the fallback (16385)."""
     check_fwd_fp8_cuda(norm, 37 if hidden <= 8192 else 5, hidden, torch.bfloat16, E4M3, columnwise, device, gen,
                        misaligned=misaligned)
 
@@ -703,6 +710,7 @@ _BF16, _FP16, _FP32 = torch.bfloat16, torch.float16, torch.float32
     "rows,hidden,x_dtype,out_dtype,misaligned",
     [
         (37, 64, _BF16, None, False),  # vectorized, 16 elements a thread, rows sharing warps
+        (37, 384, _BF16, None, False),  # vectorized, 24 elements a thread on 16 lanes
         (600, 4096, _BF16, None, False),  # vectorized, four-warp rows, two groups a block
         (200, 2048, _FP16, None, False),  # two-warp rows, four groups a block
         (64, 1024, _FP32, None, False),  # fp32, a warp a row
@@ -711,7 +719,7 @@ _BF16, _FP16, _FP32 = torch.bfloat16, torch.float16, torch.float32
         (37, 768, _BF16, _FP32, False),  # y in another dtype than x: element-wise
         (5, 16392, _BF16, None, False),  # rows too long for registers: the fallback kernel
     ],
-    ids=["h64", "h4096", "h2048_fp16", "h1024_fp32", "h1000", "h4096_misaligned", "bf16_to_fp32", "h16392"],
+    ids=["h64", "h384", "h4096", "h2048_fp16", "h1024_fp32", "h1000", "h4096_misaligned", "bf16_to_fp32", "h16392"],
 )
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_float_amax(norm, rows, hidden, x_dtype, out_dtype, misaligned, device, gen):

@@ -13,6 +13,7 @@
 namespace opente {
 
 using norm_kernels::kChunk;
+using norm_kernels::kIsFp8;
 using norm_kernels::norm_fwd_rows_kernel;
 
 void norm_fwd_cuda(const NormFwdParams& p, int device, void* workspace, size_t workspace_size, void* stream) {
@@ -36,7 +37,13 @@ void norm_fwd_cuda(const NormFwdParams& p, int device, void* workspace, size_t w
     return;
   }
   DeviceGuard guard(device);
-  const NormRowShape shape = norm_fwd_row_shape(p.hidden);
+  const bool vectorized = p.hidden % kChunk == 0 && is_aligned(p.input, 16) && is_aligned(p.gamma, 16) &&
+                          (p.beta == nullptr || is_aligned(p.beta, 16)) &&
+                          (p.output == nullptr || is_aligned(p.output, is_fp8(p.out_dtype) ? 8 : 16));
+  // the calls launch_bucket instantiates three-chunk rows for (kThreeChunkRows below)
+  const bool three_chunk_rows = vectorized && p.in_dtype != TE_DTYPE_FLOAT32 &&
+                                (p.out_dtype == p.in_dtype || is_fp8(p.out_dtype));
+  const NormRowShape shape = norm_fwd_row_shape(p.hidden, three_chunk_rows);
   if (!shape.in_registers()) {
     norm_fwd_fallback_cuda(p, device, stream);
     return;
@@ -79,7 +86,11 @@ void norm_fwd_cuda(const NormFwdParams& p, int device, void* workspace, size_t w
         launch(norm_fwd_rows_kernel<kIn, kOut, kChunks, false, kVec, kAmax, NormTile::kNone, kForm>);
       }
     };
+    // three chunks a thread for the hidden <= 512 bucket's rows that two leave lanes idle
+    // (norm_fwd_row_shape): 16-bit rows, y in x's dtype or FP8 (the other ys keep two)
+    constexpr bool kThreeChunkRows = k16BitRows && (kOut == kIn || kIsFp8<kOut>);
     using SmallChunks = std::integral_constant<int, kNormFwdSmallChunks>;
+    using SmallOddChunks = std::integral_constant<int, kNormFwdSmallOddChunks>;
     using Chunks = std::integral_constant<int, kNormFwdChunks>;
     switch (norm_fwd_row_form(shape, k16BitRows, p.type)) {
       case NormRowForm::kImmediates:
@@ -89,6 +100,15 @@ void norm_fwd_cuda(const NormFwdParams& p, int device, void* workspace, size_t w
         // where 64 held layernorm's to 4 (H100, one build, alternating rounds, FP8 y, us):
         // 65536 x 512 46.5 -> 45.2, 131072 x 512 85.5 -> 82.4, 262144 x 64 24.0 -> 23.6;
         // rmsnorm's took 48 under either bound
+        if constexpr (kThreeChunkRows) {
+          if (shape.chunks == kNormFwdSmallOddChunks) {
+            launch_form(SmallOddChunks{}, std::integral_constant<NormRowForm, NormRowForm::kImmediates>{});
+            break;
+          }
+        }
+        if (shape.chunks != kNormFwdSmallChunks) {  // three_chunk_rows above and kThreeChunkRows disagree
+          fail(TE_ERROR_INTERNAL, "norm forward: no three-chunk row kernel for this call's dtypes");
+        }
         launch_form(SmallChunks{}, std::integral_constant<NormRowForm, NormRowForm::kImmediates>{});
         break;
       case NormRowForm::kCompact:
@@ -103,9 +123,6 @@ void norm_fwd_cuda(const NormFwdParams& p, int device, void* workspace, size_t w
         break;
     }
   };
-  const bool vectorized = p.hidden % kChunk == 0 && is_aligned(p.input, 16) && is_aligned(p.gamma, 16) &&
-                          (p.beta == nullptr || is_aligned(p.beta, 16)) &&
-                          (p.output == nullptr || is_aligned(p.output, is_fp8(p.out_dtype) ? 8 : 16));
   dispatch_float_dtype(p.in_dtype, [&](auto in_tag) {
     if (vectorized && p.amax && p.out_dtype == p.in_dtype) {
       // a float y's amax (FP8 ys always take theirs): the modules' case, y in x's dtype

@@ -179,15 +179,19 @@ constexpr int kNormFwdBlockBound = kForm == NormRowForm::kImmediates            
                                                                                         : kNormMaxBlockThreads;
 // The blocks an SM __launch_bounds__ asks for: 16-bit vectorized rows kNormFwdWideMinBlocks
 // blocks of kNormMaxBlockThreads' registers (64), the compact form kNormFwdCompactMinBlocks
-// (56), the small bucket kNormFwdSmallMinBlocks (48) or, in its shared tile,
+// (56), the small bucket kNormFwdSmallMinBlocks (48), LayerNorm's three-chunk rows there
+// kNormFwdSmallOddLnMinBlocks (64: at 48 they spilled 28-76 bytes) or, in its shared tile,
 // kNormFwdSmallTiledMinBlocks (64: at 48 the tile loop's state spilled 8-24 bytes); fp32 and
 // element-wise rows the registers of one block of kNormMaxBlockThreads (128).
-template <NormTile kTile, te_dtype kIn, bool kVectorized, NormRowForm kForm>
+template <NormTile kTile, te_dtype kIn, bool kVectorized, NormRowForm kForm, int kChunks, bool kLayerNorm>
 constexpr int kNormFwdMinBlocks =
     !kVectorized || kIn == TE_DTYPE_FLOAT32 ? kNormMaxBlockThreads / kNormFwdBlockBound<kTile, kIn, kForm>
     : kForm == NormRowForm::kCompact        ? kNormFwdCompactMinBlocks
-    : kForm == NormRowForm::kImmediates     ? (kTile == NormTile::kNone ? kNormFwdSmallMinBlocks : kNormFwdSmallTiledMinBlocks)
-                                            : kNormFwdWideMinBlocks * kNormMaxBlockThreads / kNormFwdBlockBound<kTile, kIn, kForm>;
+    : kForm == NormRowForm::kImmediates
+        ? (kTile != NormTile::kNone                          ? kNormFwdSmallTiledMinBlocks
+           : kChunks == kNormFwdSmallOddChunks && kLayerNorm ? kNormFwdSmallOddLnMinBlocks
+                                                             : kNormFwdSmallMinBlocks)
+        : kNormFwdWideMinBlocks * kNormMaxBlockThreads / kNormFwdBlockBound<kTile, kIn, kForm>;
 
 // kChunks: the shape's bucket (8-element chunks a thread holds). kVectorized: see
 // RowShare; it also requires gamma and beta 16-byte aligned, and the row-wise
@@ -207,7 +211,7 @@ constexpr int kNormFwdMinBlocks =
 template <te_dtype kIn, te_dtype kOut, int kChunks, bool kLayerNorm, bool kVectorized, bool kFloatAmax = false,
           NormTile kTile = NormTile::kNone, NormRowForm kForm = NormRowForm::kWide>
 __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
-                                  kNormFwdMinBlocks<kTile, kIn, kVectorized, kForm>)
+                                  kNormFwdMinBlocks<kTile, kIn, kVectorized, kForm, kChunks, kLayerNorm>)
     norm_fwd_rows_kernel(NormFwdParams p, int threads_per_row, int rows_per_block, int tile_rows, float inv_hidden) {
   constexpr int kMaxWarps = kNormFwdBlockBound<kTile, kIn, kForm> / 32;  // the block's warps at most
   using In = typename CudaType<kIn>::type;
@@ -229,7 +233,7 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
                 "the tiled kernels: kWide, or the small bucket's rows (kImmediates) in their shared tile");
   static_assert(kForm != NormRowForm::kCompact || (kVectorized && kIn != TE_DTYPE_FLOAT32),
                 "the compact form's 56 registers: 16-bit vectorized rows");
-  static_assert(kForm != NormRowForm::kImmediates || kChunks == kNormFwdSmallChunks,
+  static_assert(kForm != NormRowForm::kImmediates || kChunks == kNormFwdSmallChunks || kChunks == kNormFwdSmallOddChunks,
                 "the immediates' bound: the hidden <= 512 bucket's blocks");
   constexpr bool kImmediateBarrier = kForm != NormRowForm::kWide;
   RowReduction<float, kMaxWarps, kImmediateBarrier> reduction(scratch, group);

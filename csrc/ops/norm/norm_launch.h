@@ -36,7 +36,11 @@ struct NormRowShape {
 };
 
 // The forward's shape for rows of `hidden` elements; chunks == 0 beyond kNormFwdMaxRegisterHidden.
-NormRowShape norm_fwd_row_shape(int64_t hidden);
+// `three_chunk_rows`: the call has kernels of kNormFwdSmallOddChunks (16-bit vectorized rows
+// with a y in x's dtype or FP8, norm_fwd.cu), which the hidden <= 512 bucket takes where three
+// chunks a thread leave fewer of its lanes idle than two (hidden 17-24, 33-48, 65-96,
+// 129-192, 257-384: 384 on 16 lanes, where two chunks leave 8 of 32 lanes idle).
+NormRowShape norm_fwd_row_shape(int64_t hidden, bool three_chunk_rows = false);
 // The row forward kernel's forms (its last template argument, norm_fwd_kernel.cuh); an
 // SM holds as many blocks as the scarcest of registers, warps and named barriers allow:
 // - kWide: blocks of up to kNormMaxBlockThreads, two an SM at 64 registers; a row
@@ -46,8 +50,10 @@ NormRowShape norm_fwd_row_shape(int64_t hidden);
 //   (sync_row_group, norm_kernels_common.cuh: kNormMaxRowGroupBarrier + 1 barriers), blocks
 //   of kNormFwdSmallMaxThreads (all that bucket launches) bounded for kNormFwdSmallMinBlocks
 //   an SM: 48 registers (ptxas, sm_90a: no spills but fp16 layernorm's FP8 y, 4 bytes), 5
-//   blocks an SM where 64 held 4; in the shared tile of both FP8 copies (norm_fwd_tiled.cu)
-//   for kNormFwdSmallTiledMinBlocks (64 registers: the tile loop's state spilled at 48).
+//   blocks an SM where 64 held 4; LayerNorm's three-chunk rows (kNormFwdSmallOddChunks) for
+//   kNormFwdSmallOddLnMinBlocks (64 registers); in the shared tile of both FP8 copies
+//   (norm_fwd_tiled.cu) for kNormFwdSmallTiledMinBlocks (64 registers: the tile loop's state
+//   spilled at 48).
 // - kCompact: the immediates in blocks of up to kNormFwdCompactMaxThreads, bounded for
 //   kNormFwdCompactMinBlocks an SM (56 registers; ptxas, sm_90a: no spills).
 enum class NormRowForm { kWide, kImmediates, kCompact };
@@ -55,6 +61,7 @@ constexpr int kNormFwdWideMinBlocks = 2;  // of kNormMaxBlockThreads
 constexpr int kNormFwdSmallMaxThreads = 256;
 constexpr int kNormFwdSmallMinBlocks = 5;
 constexpr int kNormFwdSmallTiledMinBlocks = 4;  // the same rows in their shared tile (norm_fwd_tiled.cu)
+constexpr int kNormFwdSmallOddLnMinBlocks = 4;  // LayerNorm's three-chunk rows: at 48 registers they spilled
 constexpr int kNormFwdCompactMaxThreads = 384;
 constexpr int kNormFwdCompactMinBlocks = 3;
 // The form for `shape`: kImmediates for the hidden <= 512 bucket; kCompact for 16-bit
@@ -136,11 +143,13 @@ NormRowShape norm_bwd_row_shape(int64_t hidden);
 // to kNormBwdMaxRegisterHidden; chunks == 0 outside.
 NormRowShape norm_bwd_pipelined_row_shape(int64_t hidden);
 
-// The compile-time buckets: chunks a thread holds. Forward: 2 (hidden <= 512) or 4.
+// The compile-time buckets: chunks a thread holds. Forward: 2 (hidden <= 512; 3 where
+// that fills more lanes, see norm_fwd_row_shape) or 4.
 // Backward: 2 up to hidden 8192 (a column costs it x hat, dz * gamma and two
 // accumulators in registers), 4 above, with the accumulators in shared memory
 // (one row group of up to 512 threads a block).
 constexpr int kNormFwdSmallChunks = 2;
+constexpr int kNormFwdSmallOddChunks = 3;
 constexpr int64_t kNormFwdSmallMaxHidden = 512;  // the hidden <= 512 bucket's
 constexpr int kNormFwdChunks = 4;
 constexpr int kNormBwdChunks = 2;

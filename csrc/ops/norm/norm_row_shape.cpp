@@ -40,9 +40,23 @@ NormRowShape row_shape(int64_t hidden, int chunks, int target_block_threads) {
 // are read per chunk where y is formed): at most 64 registers for a 16-bit input,
 // 56-92 for fp32 (ptxas, sm_90a, CUDA 13.0). Blocks of 256 threads: four blocks an
 // SM for 16-bit rows, whose reductions and loads interleave.
-NormRowShape norm_fwd_row_shape(int64_t hidden) {
+// In the hidden <= 512 bucket, with `three_chunk_rows`, 3 chunks (24 elements a thread)
+// where their lanes hold fewer columns past the row than 2 chunks' (a tie keeps 2). H100,
+// bf16 rows, one build, alternating rounds, us, two chunks / three: FP8 y, layernorm 65536 x
+// 384 39.1 / 30.4, 131072 x 320 69.1 / 54.3, 262144 x 192 71.4 / 61.3, 262144 x 96 38.4 /
+// 32.2; rmsnorm 32.7 / 28.5, 58.6 / 51.4, 63.1 / 59.0, 32.4 / 30.4; bf16 y, layernorm 42.8 /
+// 39.8, 76.0 / 64.3, 80.9 / 75.6, 43.2 / 39.5 (rmsnorm 2-6% faster). Four chunks at the
+// powers of two (a full row on fewer lanes) were 1-4% faster for layernorm's FP8 y at
+// 128-512 but up to 37% slower for rmsnorm, and 0-13% slower with a bf16 y: not taken
+// (benchmarks/RESULTS.md, thirtieth session).
+NormRowShape norm_fwd_row_shape(int64_t hidden, bool three_chunk_rows) {
   if (hidden > kNormFwdMaxRegisterHidden) return {};
-  return row_shape(hidden, hidden <= kNormFwdSmallMaxHidden ? kNormFwdSmallChunks : kNormFwdChunks, 256);
+  if (hidden > kNormFwdSmallMaxHidden) return row_shape(hidden, kNormFwdChunks, 256);
+  const NormRowShape two = row_shape(hidden, kNormFwdSmallChunks, 256);
+  if (!three_chunk_rows) return two;
+  const NormRowShape three = row_shape(hidden, kNormFwdSmallOddChunks, 256);
+  const auto columns = [](const NormRowShape& s) { return s.threads_per_row * s.chunks * 8; };
+  return columns(three) < columns(two) ? three : two;
 }
 
 namespace {
@@ -90,7 +104,7 @@ NormRowShape tile_row_groups(int64_t hidden, int block_threads) {
 // with LayerNorm's figures it cost RMSNorm up to 1% (twenty-seventh session, same A/B:
 // 4096 x 11264 56.7 / 56.2, 4096 x 12288 60.4 / 59.7; 8192 x 9216 85.0 both).
 NormRowForm norm_fwd_row_form(const NormRowShape& shape, bool compact_allowed, NormType type) {
-  if (shape.chunks == kNormFwdSmallChunks) return NormRowForm::kImmediates;
+  if (shape.chunks == kNormFwdSmallChunks || shape.chunks == kNormFwdSmallOddChunks) return NormRowForm::kImmediates;
   const int threads = shape.block_threads();
   if (!compact_allowed || !shape.in_registers() || shape.threads_per_row <= 32 || threads > kNormFwdCompactMaxThreads) {
     return NormRowForm::kWide;
