@@ -796,10 +796,11 @@ def test_bwd_cuda_buckets(norm, hidden, device, gen):
 
 
 @pytest.mark.parametrize("device", CUDA)
-@pytest.mark.parametrize("hidden", [8, 136, 1024, 3000, 8192, 12288], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("hidden", [8, 136, 384, 1024, 3000, 8192, 12288], ids=lambda h: f"h{h}")
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.float16], ids=dtype_id)
 @pytest.mark.parametrize("norm", NORMS)
 def test_bwd_cuda_buckets_other_dtypes(norm, x_dtype, hidden, device, gen):
+    """fp16 rows with fp32 weights, fp32 rows with bf16."""
     check_bwd_cuda(norm, 7, hidden, x_dtype, OTHER[x_dtype], False, device, gen)
 
 
@@ -1095,7 +1096,7 @@ def test_fwd_fp8_columnwise_copy_alone(norm, shape, device, gen):
 
 
 @pytest.mark.parametrize("device", CUDA)
-@pytest.mark.parametrize("hidden", [64, 1000, 4096, 4097, 8192, 16384], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("hidden", [64, 384, 1000, 4096, 4097, 8192, 16384], ids=lambda h: f"h{h}")
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
 @pytest.mark.parametrize("norm", NORMS)
 def test_bwd_cuda_misaligned(norm, x_dtype, hidden, device, gen):
@@ -1130,8 +1131,8 @@ def test_bwd_cuda_repeats_bit_for_bit(norm, hidden, device, gen):
 
 
 @pytest.mark.parametrize("device", CUDA)
-@pytest.mark.parametrize("shape", [(4, 3072), (6, 3000), (20000, 64), (9, 520), (1000, 3072), (1000, 3080)],
-                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(4, 3072), (6, 3000), (20000, 64), (9, 520), (1000, 3072), (1000, 3080),
+                                   (5000, 384)], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
 @pytest.mark.parametrize("norm", NORMS)
 def test_bwd_cuda_finalize_in_grid(norm, x_dtype, shape, device, gen):
@@ -1139,8 +1140,9 @@ def test_bwd_cuda_finalize_in_grid(norm, x_dtype, shape, device, gen):
     barrier each block takes a share of the partial rows' columns. Shares wider than a
     block (4 x 3072: two blocks of 384 threads, 3072 columns each, in eight passes),
     blocks left without a share (20000 x 64: 128 columns over a wave of blocks), the last
-    hidden that takes it and one past (3080: the finalize kernel), against the references;
-    a second run gives the same bits."""
+    hidden that takes it and one past (3080: the finalize kernel), rows that leave a quarter
+    of their lanes idle (5000 x 384), against the references; a second run gives the same
+    bits."""
     rows, hidden = shape
     check_bwd_cuda(norm, rows, hidden, x_dtype, torch.float32, rows % 2 == 1, device, gen, repeat=True)
 

@@ -22,6 +22,9 @@ int threads_per_row(int64_t hidden, int elements) {
   return threads <= kNormMaxBlockThreads ? int(threads) : 0;
 }
 
+// The columns a row group of `shape` covers: hidden and those past it.
+int columns_covered(const NormRowShape& shape) { return shape.threads_per_row * shape.chunks * 8; }
+
 NormRowShape row_shape(int64_t hidden, int chunks, int target_block_threads) {
   const int threads = threads_per_row(hidden, chunks * 8);
   if (threads == 0) return {};
@@ -55,8 +58,7 @@ NormRowShape norm_fwd_row_shape(int64_t hidden, bool three_chunk_rows) {
   const NormRowShape two = row_shape(hidden, kNormFwdSmallChunks, 256);
   if (!three_chunk_rows) return two;
   const NormRowShape three = row_shape(hidden, kNormFwdSmallOddChunks, 256);
-  const auto columns = [](const NormRowShape& s) { return s.threads_per_row * s.chunks * 8; };
-  return columns(three) < columns(two) ? three : two;
+  return columns_covered(three) < columns_covered(two) ? three : two;
 }
 
 namespace {
@@ -222,6 +224,9 @@ NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy, int64_t 
 // threads, alone in its block). Vectorized 16-bit rows past 4096 take the pipelined
 // kernel's shape instead (below); these shapes serve fp32 and element-by-element rows
 // there.
+// Three chunks a thread where two leave lanes idle, as the forward's short rows take
+// them, were 1-5% slower here (128 registers, staged; H100, layernorm 65536 x 384 61.9 ->
+// 63.9 us, 262144 x 192 113.2 -> 118.5; benchmarks/RESULTS.md, thirtieth session).
 NormRowShape norm_bwd_row_shape(int64_t hidden) {
   if (hidden > kNormBwdMaxRegisterHidden) return {};
   const int64_t register_limit = int64_t(kNormMaxBlockThreads) * kNormBwdChunks * 8;
