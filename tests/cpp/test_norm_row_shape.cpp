@@ -118,8 +118,9 @@ TEST(NormRowShape, TiledForward) {
                                             << (type == NormType::kRMSNorm ? ", rmsnorm" : ", layernorm"));
             const opente::NormFwdTileShape tile =
                 opente::norm_fwd_tile_shape(hidden, rowwise, rows, fp32, type, kMaxSmemPerBlock);
-            // the small bucket's rows that fill their lanes (128, 256, 512), 16-bit
-            const bool small_shared = !fp32 && (hidden == 128 || hidden == 256 || hidden == 512);
+            // the small bucket's rows that fill their lanes (128, 256, 512; 384 with three
+            // chunks a thread), 16-bit
+            const bool small_shared = !fp32 && (hidden == 128 || hidden == 256 || hidden == 384 || hidden == 512);
             const bool short_shared = small_shared || (hidden >= opente::kNormFwdTiledMinHidden &&
                                                        hidden <= opente::kNormFwdTiledMaxHidden && hidden % 256 == 0);
             const int64_t shared_min = type == NormType::kRMSNorm ? opente::kNormFwdRmsSharedMinHidden
@@ -142,10 +143,14 @@ TEST(NormRowShape, TiledForward) {
                                     : !short_shared && !fp32 ? opente::kNormFwdStagedMaxBlockThreads
                                                              : opente::kNormMaxBlockThreads;
             check_shape(tile.rows, hidden, "tiled forward", max_threads);
-            const NormRowShape plain = opente::norm_fwd_row_shape(hidden);
+            // the row kernel's shape for the same call (16-bit rows with an FP8 y take three
+            // chunks where they fill more lanes)
+            const NormRowShape plain = opente::norm_fwd_row_shape(hidden, !fp32);
             // the buckets norm_fwd_tiled.cu instantiates: the small one's with the row kernel's
             // row groups (the same sums), kNormFwdChunks above
-            EXPECT_EQ(tile.rows.chunks, small_shared ? opente::kNormFwdSmallChunks : opente::kNormFwdChunks);
+            EXPECT_EQ(tile.rows.chunks, !small_shared  ? opente::kNormFwdChunks
+                                        : hidden == 384 ? opente::kNormFwdSmallOddChunks
+                                                        : opente::kNormFwdSmallChunks);
             EXPECT_EQ(tile.rows.chunks, plain.chunks);
             EXPECT_EQ(tile.rows.threads_per_row, plain.threads_per_row);
             EXPECT_EQ(tile.hidden, hidden);
@@ -166,7 +171,7 @@ TEST(NormRowShape, TiledForward) {
               EXPECT_EQ(tile.smem_bytes(), 0u);
             }
             if (small_shared) {
-              EXPECT_EQ(tile.rows.threads_per_row * opente::kNormFwdSmallChunks * 8, hidden);  // every lane full
+              EXPECT_EQ(tile.rows.threads_per_row * tile.rows.chunks * 8, hidden);  // every lane full
               EXPECT_EQ(tile.rows.block_threads(), opente::kNormFwdSmallMaxThreads);
               EXPECT_EQ(tile.tile_rows, opente::kNormFwdSmallTileRows);
             } else if (short_shared) {
@@ -188,7 +193,10 @@ TEST(NormRowShape, TiledForward) {
     return opente::norm_fwd_tile_shape(hidden, rowwise, rows, fp32, type, smem);
   };
   EXPECT_EQ(shape(512, false, 8, false).tile, NormTile::kShared);  // the small bucket's rows
-  EXPECT_FALSE(shape(384, true, 8, false).taken());
+  EXPECT_EQ(shape(384, true, 8, false).tile, NormTile::kShared);  // three chunks on 16 lanes
+  EXPECT_EQ(shape(384, true, 8, false).rows.chunks, opente::kNormFwdSmallOddChunks);
+  EXPECT_FALSE(shape(320, true, 8, false).taken());  // not a multiple of 128
+  EXPECT_FALSE(shape(384, true, 8, true).taken());   // fp32 rows
   EXPECT_FALSE(shape(512, true, 65536, true).taken());  // fp32 rows
   EXPECT_FALSE(shape(64, true, 65536, false).taken());
   EXPECT_TRUE(shape(768, false, 8, false).taken());

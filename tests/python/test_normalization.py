@@ -980,7 +980,7 @@ def test_fwd_fp8_both_copies_cuda_back_to_back(norm, hidden, device, gen):
 # Both FP8 copies in one pass (norm_fwd_tiled.cu) take rows % 8 == 0. 16-bit rows of the
 # hidden <= 512 bucket from 128, multiples of 128, keep a 64-row tile in shared memory with
 # the row kernel's row groups: 8 x 128 (a quarter warp a row, one partial tile), 264 x 256,
-# 40 x 384 (a quarter of the lanes' second chunk past the row), 72 x 512 and 4104 x 512
+# 40 x 384 and 4104 x 384 (three chunks a thread on 16 lanes), 72 x 512 and 4104 x 512
 # (65 tiles), 70000 x 256 (blocks stride over tiles; fp32 rows: the two passes); 40 x 200
 # and 40 x 64 leave them to the two passes. Hidden 768 and 1024
 # keep the tile in shared memory (tiles of 64 rows): 8 rows, one partial tile; 72, a tile
@@ -997,7 +997,7 @@ def test_fwd_fp8_both_copies_cuda_back_to_back(norm, hidden, device, gen):
 # (seven-warp rows, 224 KiB of tile). 36 x 1024, 64 x 1000, 40 x 896, 36 x 2048, 40 x 7296
 # and 72 x 12296 are shapes both norms leave to the two passes (the C++ test TiledForward
 # checks the rule at every hidden size).
-TILED_SHAPES = [(8, 128), (264, 256), (40, 384), (72, 512), (4104, 512), (70000, 256), (40, 200), (40, 64),
+TILED_SHAPES = [(8, 128), (264, 256), (40, 384), (4104, 384), (72, 512), (4104, 512), (70000, 256), (40, 200), (40, 64),
                 (8, 768), (72, 768), (200, 1024), (4104, 1024), (70000, 768), (36, 1024), (64, 1000), (40, 896),
                 (40, 1032), (8, 1152), (264, 2048), (40, 2560), (4136, 2056), (34000, 1152), (36, 2048), (40, 3072),
                 (40, 3200), (16392, 4096), (40, 4104), (40, 5120), (40, 5248), (40, 6144), (40, 7168), (40, 7296),
@@ -1039,7 +1039,7 @@ def test_fwd_fp8_both_copies_tiled_cuda(norm, x_dtype, shape, fp8_dtype, device,
 
 
 @pytest.mark.parametrize("device", CUDA)
-@pytest.mark.parametrize("shape", [(72, 512), (72, 768), (40, 2048), (40, 4096), (40, 6144)],
+@pytest.mark.parametrize("shape", [(72, 384), (72, 512), (72, 768), (40, 2048), (40, 4096), (40, 6144)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_fp8_both_copies_tiled_hard_rows_cuda(norm, shape, device, gen):
@@ -1057,14 +1057,14 @@ def test_fwd_fp8_both_copies_tiled_hard_rows_cuda(norm, shape, device, gen):
 
 
 @pytest.mark.parametrize("device", ["cpu"] + CUDA)
-@pytest.mark.parametrize("shape", [(72, 768), (64, 1000), (37, 1024), (40, 2048), (40, 4096), (40, 6144)],
+@pytest.mark.parametrize("shape", [(72, 384), (72, 768), (64, 1000), (37, 1024), (40, 2048), (40, 4096), (40, 6144)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_fp8_columnwise_copy_alone(norm, shape, device, gen):
     """An FP8 output with only its column-wise copy (the C API allows a null row-wise
     buffer; the Python wrappers always ask for both): the copy equals the transposed
-    row-wise copy of the usual call, bytes past it untouched. 72 x 768 and 40 x 6144
-    take the tiled kernel's shared tile on CUDA, and so does RMSNorm's 40 x 4096; the
+    row-wise copy of the usual call, bytes past it untouched. 72 x 384, 72 x 768 and 40 x
+    6144 take the tiled kernel's shared tile on CUDA, and so does RMSNorm's 40 x 4096; the
     others the row kernel's byte stores (40 x 2048: no row-wise copy for the tile to be
     read back from)."""
     rows, hidden = shape

@@ -50,18 +50,27 @@ void norm_fwd_tiled_cuda(const NormFwdParams& p, int device, void* stream) {
         p, tile.rows.threads_per_row, tile.rows.rows_per_block, tile.tile_rows, 1.0f / float(p.hidden));
     check_launch("norm_fwd_rows_kernel (tiled)");
   };
-  // the tiled rows hold kNormFwdChunks (hidden > 512), or the small bucket's (16-bit rows only)
+  // the tiled rows hold kNormFwdChunks (hidden > 512), or the small bucket's two or three
+  // (16-bit rows only)
   dispatch_float_dtype(p.in_dtype, [&](auto in_tag) {
     dispatch_fp8_dtype(p.out_dtype, [&](auto out_tag) {
       constexpr te_dtype kIn = decltype(in_tag)::value, kOut = decltype(out_tag)::value;
-      if (tile.rows.chunks == kNormFwdSmallChunks) {
+      if (tile.rows.chunks == kNormFwdSmallChunks || tile.rows.chunks == kNormFwdSmallOddChunks) {
         if constexpr (kIn != TE_DTYPE_FLOAT32) {
-          constexpr NormTile kShared = NormTile::kShared;
-          constexpr NormRowForm kSmall = NormRowForm::kImmediates;
-          if (p.type == NormType::kLayerNorm) {
-            launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdSmallChunks, true, true, false, kShared, kSmall>);
+          auto by_norm = [&](auto chunks_tag) {
+            constexpr int kChunks = decltype(chunks_tag)::value;
+            constexpr NormTile kShared = NormTile::kShared;
+            constexpr NormRowForm kSmall = NormRowForm::kImmediates;
+            if (p.type == NormType::kLayerNorm) {
+              launch(norm_fwd_rows_kernel<kIn, kOut, kChunks, true, true, false, kShared, kSmall>);
+            } else {
+              launch(norm_fwd_rows_kernel<kIn, kOut, kChunks, false, true, false, kShared, kSmall>);
+            }
+          };
+          if (tile.rows.chunks == kNormFwdSmallOddChunks) {  // hidden 384
+            by_norm(std::integral_constant<int, kNormFwdSmallOddChunks>{});
           } else {
-            launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdSmallChunks, false, true, false, kShared, kSmall>);
+            by_norm(std::integral_constant<int, kNormFwdSmallChunks>{});
           }
         } else {
           // norm_fwd_tile_shape keeps fp32 rows of the small bucket on the two passes (the

@@ -94,10 +94,11 @@ struct NormFwdTileShape {
 // For `rows` rows of `hidden` elements of norm `type`, whether the call writes a row-wise
 // copy, whether x is fp32, and the most shared memory a block of the GPU may take
 // (max_block_shared_memory):
-// - for 16-bit rows of the hidden <= 512 bucket that fill their lanes, powers of two from
-//   kNormFwdSmallTiledMinHidden (128, 256, 512), a shared tile of kNormFwdSmallTileRows rows
-//   with the row kernel's own row groups (NormRowForm::kImmediates: the same sums, so the
-//   same bytes and statistics as a row-wise call) in blocks of kNormFwdSmallMaxThreads;
+// - for 16-bit rows of the hidden <= 512 bucket that fill their lanes, multiples of 128 from
+//   kNormFwdSmallTiledMinHidden (128, 256, 512, and 384 in three chunks a thread), a shared
+//   tile of kNormFwdSmallTileRows rows with the row kernel's own row groups
+//   (NormRowForm::kImmediates: the same sums, so the same bytes and statistics as a
+//   row-wise call) in blocks of kNormFwdSmallMaxThreads;
 // - a shared tile of 64 rows for hidden 768 and 1024 (multiples of 128 keep the tile's
 //   swizzled 8-byte slots in their row: norm_fwd_kernel.cuh; 896 was measured and left
 //   out, see norm_row_shape.cpp), in blocks of kNormMaxBlockThreads;

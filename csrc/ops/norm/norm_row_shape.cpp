@@ -132,8 +132,11 @@ NormRowForm norm_fwd_row_form(const NormRowShape& shape, bool compact_allowed, N
 // rmsnorm 262144 x 256 127.2 -> 106.0, 131072 x 512 126.6 -> 106.2 (once y outgrows the L2
 // the second pass reads it from DRAM again); where the two passes' y stays in the L2,
 // layernorm loses 1.5-3% (131072 x 128 32.5 -> 33.5, 65536 x 256 32.1 -> 32.6), rmsnorm still
-// gains (31.4 -> 30.6, 31.3 -> 30.0). Hidden 384 (a quarter of the lanes' second chunk past
-// the row) lost up to 5% (layernorm 52.6 -> 55.2), so it keeps the two passes; 128-row tiles
+// gains (31.4 -> 30.6, 31.3 -> 30.0). Hidden 384 with two chunks (a quarter of the lanes'
+// second chunk past the row) lost up to 5% (layernorm 52.6 -> 55.2); with three chunks on 16
+// lanes (thirtieth session) it gains, us, two passes / tile: layernorm 32768 x 384 25.8 /
+// 23.9, 65536 x 384 47.0 / 46.4, 262144 x 384 194.3 / 170.1; rmsnorm 24.9 / 21.4, 45.3 /
+// 42.6, 190.5 / 154.7. 128-row tiles
 // lost 2-20% at 512; at 48 registers (five blocks an SM) the kernels spilled 8-24 bytes, up
 // to 3% faster at 128-256 and up to 4% slower at 512, the same in sum. Four-chunk rows in
 // 512-thread blocks were 1-5% faster still at 512 (another build), but their sums differ
@@ -186,11 +189,13 @@ NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy, int64_t 
   const bool wide_shared = !fp32_input && hidden >= shared_min_hidden && hidden <= kNormFwdSharedMaxHidden &&
                            hidden % 128 == 0 &&
                            size_t(kNormFwdSharedTileRows) * size_t(hidden) + kNormFwdStaticSmemBound <= max_block_smem;
-  // the small bucket's rows that fill their lanes: powers of two (multiples of 128 from 128)
+  // the small bucket's 16-bit rows that fill their lanes (two chunks a thread at 128, 256
+  // and 512, three at 384), multiples of 128
+  const NormRowShape small_rows = norm_fwd_row_shape(hidden, /*three_chunk_rows=*/true);
   const bool small_shared = !fp32_input && hidden >= kNormFwdSmallTiledMinHidden &&
-                            hidden <= kNormFwdSmallMaxHidden && (hidden & (hidden - 1)) == 0;
+                            hidden <= kNormFwdSmallMaxHidden && hidden % 128 == 0 && columns_covered(small_rows) == hidden;
   if (small_shared) {
-    tile.rows = norm_fwd_row_shape(hidden);  // the row kernel's row groups: the same sums, the same bytes
+    tile.rows = small_rows;  // the row kernel's row groups: the same sums, the same bytes
     tile.rows.rows_per_block = kNormFwdSmallMaxThreads / tile.rows.threads_per_row;
     tile.tile_rows = kNormFwdSmallTileRows;
     tile.tile = NormTile::kShared;
