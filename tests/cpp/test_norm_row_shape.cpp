@@ -50,23 +50,32 @@ TEST(NormRowShape, ForwardBuckets) {
   EXPECT_FALSE(opente::norm_fwd_row_shape(int64_t(1) << 40).in_registers());
 }
 
-TEST(NormRowShape, ForwardThreeChunkRows) {
-  // with the three-chunk kernels (16-bit vectorized rows), the hidden <= 512 bucket takes
-  // whichever of 2 and 3 chunks a thread covers the row with fewer columns past it
+TEST(NormRowShape, ForwardExtraChunkRows) {
+  // with the extra chunk counts' kernels (16-bit vectorized rows): the hidden <= 512 bucket
+  // takes whichever of 2 and 3 chunks a thread covers the row with fewer columns past it;
+  // rows of 1025-1536 take one warp of 5 or 6 chunks; the others the buckets' shapes
   for (int64_t hidden = 1; hidden <= opente::kNormFwdMaxRegisterHidden; ++hidden) {
-    const NormRowShape s = opente::norm_fwd_row_shape(hidden, /*three_chunk_rows=*/true);
-    check_shape(s, hidden, "forward, three-chunk rows");
-    const NormRowShape two = opente::norm_fwd_row_shape(hidden);
+    const NormRowShape s = opente::norm_fwd_row_shape(hidden, /*extra_chunk_rows=*/true);
+    check_shape(s, hidden, "forward, extra chunk counts");
+    const NormRowShape plain = opente::norm_fwd_row_shape(hidden);
+    const int64_t columns = int64_t(s.threads_per_row) * s.chunks * 8;
+    if (hidden >= opente::kNormFwdWarpRowMinHidden && hidden <= opente::kNormFwdWarpRowMaxHidden) {
+      EXPECT_EQ(s.threads_per_row, 32) << hidden;  // a warp a row: shuffles alone
+      EXPECT_EQ(s.chunks, hidden <= 1280 ? 5 : 6) << hidden;
+      EXPECT_EQ(s.block_threads(), 256) << hidden;
+      EXPECT_LT(columns - hidden, 256) << hidden;  // no chunk wholly past the row
+      EXPECT_EQ(opente::norm_fwd_row_form(s, true, opente::NormType::kLayerNorm), opente::NormRowForm::kWide);
+      continue;
+    }
     if (hidden > opente::kNormFwdSmallMaxHidden) {
-      EXPECT_TRUE(s.chunks == two.chunks && s.threads_per_row == two.threads_per_row) << hidden;
+      EXPECT_TRUE(s.chunks == plain.chunks && s.threads_per_row == plain.threads_per_row) << hidden;
       continue;
     }
     ASSERT_TRUE(s.chunks == opente::kNormFwdSmallChunks || s.chunks == opente::kNormFwdSmallOddChunks) << hidden;
     // the immediates' 256-thread blocks, rows of a warp or less
     EXPECT_EQ(s.block_threads(), opente::kNormFwdSmallMaxThreads) << hidden;
     EXPECT_LE(s.threads_per_row, 32) << hidden;
-    const int64_t columns = int64_t(s.threads_per_row) * s.chunks * 8;
-    EXPECT_LE(columns, int64_t(two.threads_per_row) * two.chunks * 8) << hidden;
+    EXPECT_LE(columns, int64_t(plain.threads_per_row) * plain.chunks * 8) << hidden;
     EXPECT_EQ(opente::norm_fwd_row_form(s, true, opente::NormType::kLayerNorm), opente::NormRowForm::kImmediates);
   }
   auto shape = [](int64_t hidden) { return opente::norm_fwd_row_shape(hidden, true); };
@@ -74,6 +83,10 @@ TEST(NormRowShape, ForwardThreeChunkRows) {
   EXPECT_TRUE(shape(96).chunks == 3 && shape(96).threads_per_row == 4);
   EXPECT_TRUE(shape(320).chunks == 3 && shape(320).threads_per_row == 16);
   for (int64_t hidden : {8, 16, 64, 128, 200, 256, 392, 512}) EXPECT_EQ(shape(hidden).chunks, 2) << hidden;
+  EXPECT_TRUE(shape(1152).chunks == 5 && shape(1152).threads_per_row == 32);  // four chunks: two warps
+  EXPECT_TRUE(shape(1536).chunks == 6 && shape(1536).threads_per_row == 32);
+  EXPECT_TRUE(shape(1544).chunks == 4 && shape(1544).threads_per_row == 64);
+  EXPECT_TRUE(shape(1024).chunks == 4 && shape(1024).threads_per_row == 32);
 }
 
 TEST(NormRowShape, RowForms) {
@@ -143,14 +156,17 @@ TEST(NormRowShape, TiledForward) {
                                     : !short_shared && !fp32 ? opente::kNormFwdStagedMaxBlockThreads
                                                              : opente::kNormMaxBlockThreads;
             check_shape(tile.rows, hidden, "tiled forward", max_threads);
-            // the row kernel's shape for the same call (16-bit rows with an FP8 y take three
-            // chunks where they fill more lanes)
+            // the row kernel's shape for the same call (16-bit rows with an FP8 y take the
+            // extra chunk counts: three where they fill more lanes, 5-6 on a warp at 1025-1536)
             const NormRowShape plain = opente::norm_fwd_row_shape(hidden, !fp32);
             // the buckets norm_fwd_tiled.cu instantiates: the small one's with the row kernel's
-            // row groups (the same sums), kNormFwdChunks above
-            EXPECT_EQ(tile.rows.chunks, !small_shared  ? opente::kNormFwdChunks
-                                        : hidden == 384 ? opente::kNormFwdSmallOddChunks
-                                                        : opente::kNormFwdSmallChunks);
+            // row groups (the same sums), kNormFwdChunks above, 5 or 6 for 16-bit warp rows
+            const bool warp_rows = !fp32 && hidden >= opente::kNormFwdWarpRowMinHidden &&
+                                   hidden <= opente::kNormFwdWarpRowMaxHidden;
+            EXPECT_EQ(tile.rows.chunks, small_shared    ? (hidden == 384 ? opente::kNormFwdSmallOddChunks
+                                                                         : opente::kNormFwdSmallChunks)
+                                        : warp_rows ? opente::norm_fwd_warp_row_chunks(hidden)
+                                                    : opente::kNormFwdChunks);
             EXPECT_EQ(tile.rows.chunks, plain.chunks);
             EXPECT_EQ(tile.rows.threads_per_row, plain.threads_per_row);
             EXPECT_EQ(tile.hidden, hidden);
@@ -177,6 +193,10 @@ TEST(NormRowShape, TiledForward) {
             } else if (short_shared) {
               EXPECT_EQ(tile.rows.threads_per_row, 32);  // a warp a row
               EXPECT_EQ(tile.rows.block_threads(), opente::kNormMaxBlockThreads);
+            } else if (warp_rows) {
+              // rows of a warp (no named barriers): 16 a block
+              EXPECT_EQ(tile.rows.threads_per_row, 32);
+              EXPECT_EQ(tile.rows.rows_per_block, opente::kNormFwdStagedMaxWarpRowsPerBlock);
             } else {
               // the largest power of two of whole rows within a block, at most 8 (named barriers)
               EXPECT_LE(tile.rows.rows_per_block, opente::kNormFwdStagedMaxRowsPerBlock);

@@ -554,9 +554,10 @@ def test_fwd_cuda(norm, x_dtype, shape, device, gen):
 # 10241-12288: 2056, 4104, 7168, 8193, 9216, 10248 and 12288 there, 7176, 9224 and 10240
 # just past. Rows of up to 512 take the small bucket's 256-thread blocks; of those, 16-bit
 # vectorized rows that three chunks a thread fill better than two (norm_fwd_row_shape) take
-# 24 elements a thread: 24, 40, 96, 192, 264, 320 and 384 (16 lanes) here, 200 and 392 keep two.
+# 24 elements a thread: 24, 40, 96, 192, 264, 320 and 384 (16 lanes) here, 200 and 392 keep two;
+# those of 1025-1536 take a warp a row, 40 or 48 elements a thread: 1032, 1152, 1288, 1408, 1536.
 BUCKET_HIDDEN = [1, 3, 8, 15, 16, 17, 24, 40, 96, 100, 128, 136, 192, 200, 255, 256, 264, 320, 384, 392, 511, 512,
-                 513, 520, 1000, 1023, 1024,
+                 513, 520, 1000, 1023, 1024, 1152, 1288, 1408,
                  1025, 1032, 1536, 2048, 2056, 3000, 4095, 4096, 4104, 7168, 7176, 8184, 8191, 8192, 8193, 8200,
                  9216, 9224, 10240, 10248, 12288, 16376, 16383, 16384, 16385, 16392]
 
@@ -575,12 +576,12 @@ def test_fwd_cuda_buckets(norm, hidden, device, gen):
 
 
 @pytest.mark.parametrize("device", CUDA)
-@pytest.mark.parametrize("hidden", [8, 136, 384, 1024, 3000, 16384], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("hidden", [8, 136, 384, 1024, 1152, 3000, 16384], ids=lambda h: f"h{h}")
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.float16], ids=dtype_id)
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_cuda_buckets_other_dtypes(norm, x_dtype, hidden, device, gen):
     """fp32 rows load as two 16-byte vectors a chunk; fp16 with fp32 weights (at 384 three
-    chunks a thread, fp32 two)."""
+    chunks a thread and at 1152 five on a warp, fp32 the buckets' two and four)."""
     check_fwd_cuda(norm, 7, hidden, x_dtype, OTHER[x_dtype], True, device, gen)
 
 
@@ -691,13 +692,13 @@ def test_fwd_fp8_cuda(norm, x_dtype, shape, fp8_dtype, columnwise, device, gen):
 @pytest.mark.parametrize("device", CUDA)
 @pytest.mark.parametrize("misaligned", [False, True], ids=["aligned", "misaligned"])
 @pytest.mark.parametrize("columnwise", [False, True], ids=["rowwise", "both"])
-@pytest.mark.parametrize("hidden", [3, 16, 96, 136, 384, 513, 4095, 4104, 8192, 10248, 16385],
+@pytest.mark.parametrize("hidden", [3, 16, 96, 136, 384, 513, 1152, 1536, 4095, 4104, 8192, 10248, 16385],
                          ids=lambda h: f"h{h}")
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_fp8_cuda_buckets(norm, hidden, columnwise, misaligned, device, gen):
-    """The fused FP8 cast in each bucket (96 and 384: three chunks a thread), on the
-    vectorized (FP8 type compiled in) and the element-wise path (read at run time), and in
-    the fallback (16385)."""
+    """The fused FP8 cast in each bucket (96 and 384: three chunks a thread; 1152 and 1536:
+    five and six on a warp), on the vectorized (FP8 type compiled in) and the element-wise
+    path (read at run time), and in the fallback (16385)."""
     check_fwd_fp8_cuda(norm, 37 if hidden <= 8192 else 5, hidden, torch.bfloat16, E4M3, columnwise, device, gen,
                        misaligned=misaligned)
 
@@ -711,6 +712,7 @@ _BF16, _FP16, _FP32 = torch.bfloat16, torch.float16, torch.float32
     [
         (37, 64, _BF16, None, False),  # vectorized, 16 elements a thread, rows sharing warps
         (37, 384, _BF16, None, False),  # vectorized, 24 elements a thread on 16 lanes
+        (37, 1152, _BF16, None, False),  # vectorized, 40 elements a thread, a warp a row
         (600, 4096, _BF16, None, False),  # vectorized, four-warp rows, two groups a block
         (200, 2048, _FP16, None, False),  # two-warp rows, four groups a block
         (64, 1024, _FP32, None, False),  # fp32, a warp a row
@@ -719,7 +721,7 @@ _BF16, _FP16, _FP32 = torch.bfloat16, torch.float16, torch.float32
         (37, 768, _BF16, _FP32, False),  # y in another dtype than x: element-wise
         (5, 16392, _BF16, None, False),  # rows too long for registers: the fallback kernel
     ],
-    ids=["h64", "h384", "h4096", "h2048_fp16", "h1024_fp32", "h1000", "h4096_misaligned", "bf16_to_fp32", "h16392"],
+    ids=["h64", "h384", "h1152", "h4096", "h2048_fp16", "h1024_fp32", "h1000", "h4096_misaligned", "bf16_to_fp32", "h16392"],
 )
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_float_amax(norm, rows, hidden, x_dtype, out_dtype, misaligned, device, gen):
@@ -987,7 +989,8 @@ def test_fwd_fp8_both_copies_cuda_back_to_back(norm, hidden, device, gen):
 # and 8 rows of the next; 4104 x 1024, 65 tiles; 70000 x 768, more tiles than the grid's
 # four waves, so that blocks stride over tiles. Rows of 1032 to 5120 (multiples of 8; fp32
 # rows up to 2560, and to 4096 from 16384 rows) read the 32-row tile back from the
-# row-wise copy: 1032 (two warps a row, one nearly idle), 1152, 2048, 2560 (three-warp
+# row-wise copy: 1032 (a warp a row, its fifth chunk nearly idle), 1152, 1288 and 1536 (a
+# warp a row, 5, 6 and 6 chunks a thread, 16 rows a block), 2048, 2560 (three-warp
 # rows), 4136 x 2056 (130 tiles, the last a partial one), 34000 x 1152 (blocks stride over
 # tiles), 40 x 3072 (fp32: the two passes), 16392 x 4096 (1024-thread blocks; fp32 from
 # 16384 rows), 40 x 4104 and 40 x 5120 (five-warp rows, four a block). 16-bit rows of
@@ -997,11 +1000,11 @@ def test_fwd_fp8_both_copies_cuda_back_to_back(norm, hidden, device, gen):
 # (seven-warp rows, 224 KiB of tile). 36 x 1024, 64 x 1000, 40 x 896, 36 x 2048, 40 x 7296
 # and 72 x 12296 are shapes both norms leave to the two passes (the C++ test TiledForward
 # checks the rule at every hidden size).
-TILED_SHAPES = [(8, 128), (264, 256), (40, 384), (4104, 384), (72, 512), (4104, 512), (70000, 256), (40, 200), (40, 64),
-                (8, 768), (72, 768), (200, 1024), (4104, 1024), (70000, 768), (36, 1024), (64, 1000), (40, 896),
-                (40, 1032), (8, 1152), (264, 2048), (40, 2560), (4136, 2056), (34000, 1152), (36, 2048), (40, 3072),
-                (40, 3200), (16392, 4096), (40, 4104), (40, 5120), (40, 5248), (40, 6144), (40, 7168), (40, 7296),
-                (72, 12296)]
+TILED_SHAPES = [(8, 128), (264, 256), (40, 384), (4104, 384), (72, 512), (4104, 512), (70000, 256), (40, 200),
+                (40, 64), (8, 768), (72, 768), (200, 1024), (4104, 1024), (70000, 768), (36, 1024), (64, 1000),
+                (40, 896), (40, 1032), (8, 1152), (72, 1288), (264, 1536), (264, 2048), (40, 2560), (4136, 2056),
+                (34000, 1152), (36, 2048), (40, 3072), (40, 3200), (16392, 4096), (40, 4104), (40, 5120), (40, 5248),
+                (40, 6144), (40, 7168), (40, 7296), (72, 12296)]
 
 
 def run_fwd_fp8_both_ways(norm, x, w, b, fp8_dtype, device):
@@ -1039,7 +1042,7 @@ def test_fwd_fp8_both_copies_tiled_cuda(norm, x_dtype, shape, fp8_dtype, device,
 
 
 @pytest.mark.parametrize("device", CUDA)
-@pytest.mark.parametrize("shape", [(72, 384), (72, 512), (72, 768), (40, 2048), (40, 4096), (40, 6144)],
+@pytest.mark.parametrize("shape", [(72, 384), (72, 512), (72, 768), (72, 1152), (40, 2048), (40, 4096), (40, 6144)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_fp8_both_copies_tiled_hard_rows_cuda(norm, shape, device, gen):

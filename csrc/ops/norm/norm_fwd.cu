@@ -40,10 +40,10 @@ void norm_fwd_cuda(const NormFwdParams& p, int device, void* workspace, size_t w
   const bool vectorized = p.hidden % kChunk == 0 && is_aligned(p.input, 16) && is_aligned(p.gamma, 16) &&
                           (p.beta == nullptr || is_aligned(p.beta, 16)) &&
                           (p.output == nullptr || is_aligned(p.output, is_fp8(p.out_dtype) ? 8 : 16));
-  // the calls launch_bucket instantiates three-chunk rows for (kThreeChunkRows below)
-  const bool three_chunk_rows = vectorized && p.in_dtype != TE_DTYPE_FLOAT32 &&
+  // the calls launch_bucket instantiates the extra chunk counts for (kExtraChunkRows below)
+  const bool extra_chunk_rows = vectorized && p.in_dtype != TE_DTYPE_FLOAT32 &&
                                 (p.out_dtype == p.in_dtype || is_fp8(p.out_dtype));
-  const NormRowShape shape = norm_fwd_row_shape(p.hidden, three_chunk_rows);
+  const NormRowShape shape = norm_fwd_row_shape(p.hidden, extra_chunk_rows);
   if (!shape.in_registers()) {
     norm_fwd_fallback_cuda(p, device, stream);
     return;
@@ -86,12 +86,27 @@ void norm_fwd_cuda(const NormFwdParams& p, int device, void* workspace, size_t w
         launch(norm_fwd_rows_kernel<kIn, kOut, kChunks, false, kVec, kAmax, NormTile::kNone, kForm>);
       }
     };
-    // three chunks a thread for the hidden <= 512 bucket's rows that two leave lanes idle
-    // (norm_fwd_row_shape): 16-bit rows, y in x's dtype or FP8 (the other ys keep two)
-    constexpr bool kThreeChunkRows = k16BitRows && (kOut == kIn || kIsFp8<kOut>);
+    // The extra chunk counts (norm_fwd_row_shape), for 16-bit rows with a y in x's dtype or
+    // FP8 (the other ys keep the buckets' 2 and 4): three chunks a thread for the hidden <=
+    // 512 bucket's rows that two leave lanes idle, 5 or 6 for rows of 1025-1536 on one warp.
+    constexpr bool kExtraChunkRows = k16BitRows && (kOut == kIn || kIsFp8<kOut>);
     using SmallChunks = std::integral_constant<int, kNormFwdSmallChunks>;
     using SmallOddChunks = std::integral_constant<int, kNormFwdSmallOddChunks>;
     using Chunks = std::integral_constant<int, kNormFwdChunks>;
+    using WideForm = std::integral_constant<NormRowForm, NormRowForm::kWide>;
+    if (shape.chunks != kNormFwdSmallChunks && shape.chunks != kNormFwdChunks) {
+      if constexpr (kExtraChunkRows) {
+        switch (shape.chunks) {
+          case kNormFwdSmallOddChunks:
+            launch_form(SmallOddChunks{}, std::integral_constant<NormRowForm, NormRowForm::kImmediates>{});
+            return;
+          case 5: launch_form(std::integral_constant<int, 5>{}, WideForm{}); return;
+          case 6: launch_form(std::integral_constant<int, 6>{}, WideForm{}); return;
+        }
+      }
+      // extra_chunk_rows above and kExtraChunkRows disagree, or norm_fwd_row_shape gave another count
+      fail(TE_ERROR_INTERNAL, concat("norm forward: no row kernel of ", shape.chunks, " chunks for this call"));
+    }
     switch (norm_fwd_row_form(shape, k16BitRows, p.type)) {
       case NormRowForm::kImmediates:
         // rows of up to 512 elements, groups of a warp or less: they pass no named barrier,
@@ -100,15 +115,6 @@ void norm_fwd_cuda(const NormFwdParams& p, int device, void* workspace, size_t w
         // where 64 held layernorm's to 4 (H100, one build, alternating rounds, FP8 y, us):
         // 65536 x 512 46.5 -> 45.2, 131072 x 512 85.5 -> 82.4, 262144 x 64 24.0 -> 23.6;
         // rmsnorm's took 48 under either bound
-        if constexpr (kThreeChunkRows) {
-          if (shape.chunks == kNormFwdSmallOddChunks) {
-            launch_form(SmallOddChunks{}, std::integral_constant<NormRowForm, NormRowForm::kImmediates>{});
-            break;
-          }
-        }
-        if (shape.chunks != kNormFwdSmallChunks) {  // three_chunk_rows above and kThreeChunkRows disagree
-          fail(TE_ERROR_INTERNAL, "norm forward: no three-chunk row kernel for this call's dtypes");
-        }
         launch_form(SmallChunks{}, std::integral_constant<NormRowForm, NormRowForm::kImmediates>{});
         break;
       case NormRowForm::kCompact:
@@ -119,7 +125,7 @@ void norm_fwd_cuda(const NormFwdParams& p, int device, void* workspace, size_t w
         }
         [[fallthrough]];
       case NormRowForm::kWide:
-        launch_form(Chunks{}, std::integral_constant<NormRowForm, NormRowForm::kWide>{});
+        launch_form(Chunks{}, WideForm{});
         break;
     }
   };

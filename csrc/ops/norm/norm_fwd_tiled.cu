@@ -79,18 +79,28 @@ void norm_fwd_tiled_cuda(const NormFwdParams& p, int device, void* stream) {
         }
         return;
       }
-      auto by_norm = [&](auto tile_tag) {
+      auto by_norm = [&](auto chunks_tag, auto tile_tag) {
+        constexpr int kChunks = decltype(chunks_tag)::value;
         constexpr NormTile kTile = decltype(tile_tag)::value;
         if (p.type == NormType::kLayerNorm) {
-          launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdChunks, true, true, false, kTile>);
+          launch(norm_fwd_rows_kernel<kIn, kOut, kChunks, true, true, false, kTile>);
         } else {
-          launch(norm_fwd_rows_kernel<kIn, kOut, kNormFwdChunks, false, true, false, kTile>);
+          launch(norm_fwd_rows_kernel<kIn, kOut, kChunks, false, true, false, kTile>);
         }
       };
+      using Chunks = std::integral_constant<int, kNormFwdChunks>;
+      using FromRowwiseCopy = std::integral_constant<NormTile, NormTile::kRowwiseCopy>;
       if (tile.tile == NormTile::kShared) {
-        by_norm(std::integral_constant<NormTile, NormTile::kShared>{});
-      } else {
-        by_norm(std::integral_constant<NormTile, NormTile::kRowwiseCopy>{});
+        by_norm(Chunks{}, std::integral_constant<NormTile, NormTile::kShared>{});
+      } else if (tile.rows.chunks == kNormFwdChunks) {
+        by_norm(Chunks{}, FromRowwiseCopy{});
+      } else if constexpr (kIn != TE_DTYPE_FLOAT32) {
+        // 16-bit rows of 1025-1536 on one warp, the row kernel's groups (norm_fwd_row_shape)
+        if (tile.rows.chunks == 5) {
+          by_norm(std::integral_constant<int, 5>{}, FromRowwiseCopy{});
+        } else {
+          by_norm(std::integral_constant<int, 6>{}, FromRowwiseCopy{});
+        }
       }
     });
   });

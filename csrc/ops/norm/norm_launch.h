@@ -36,11 +36,18 @@ struct NormRowShape {
 };
 
 // The forward's shape for rows of `hidden` elements; chunks == 0 beyond kNormFwdMaxRegisterHidden.
-// `three_chunk_rows`: the call has kernels of kNormFwdSmallOddChunks (16-bit vectorized rows
-// with a y in x's dtype or FP8, norm_fwd.cu), which the hidden <= 512 bucket takes where three
-// chunks a thread leave fewer of its lanes idle than two (hidden 17-24, 33-48, 65-96,
-// 129-192, 257-384: 384 on 16 lanes, where two chunks leave 8 of 32 lanes idle).
-NormRowShape norm_fwd_row_shape(int64_t hidden, bool three_chunk_rows = false);
+// `extra_chunk_rows`: the call has the kernels of the extra chunk counts (16-bit vectorized
+// rows with a y in x's dtype or FP8, norm_fwd.cu):
+// - kNormFwdSmallOddChunks, which the hidden <= 512 bucket takes where three chunks a thread
+//   leave fewer of its lanes idle than two (hidden 17-24, 33-48, 65-96, 129-192, 257-384: 384
+//   on 16 lanes, where two chunks leave 8 of 32 lanes idle);
+// - rows of kNormFwdWarpRowMinHidden to kNormFwdWarpRowMaxHidden on one warp, 5 or 6 chunks
+//   a thread (norm_fwd_warp_row_chunks), where 4 chunks took two warps and their reductions
+//   a named barrier.
+NormRowShape norm_fwd_row_shape(int64_t hidden, bool extra_chunk_rows = false);
+constexpr int64_t kNormFwdWarpRowMinHidden = 1025;
+constexpr int64_t kNormFwdWarpRowMaxHidden = 1536;
+constexpr int norm_fwd_warp_row_chunks(int64_t hidden) { return int((hidden + 255) / 256); }  // 5 or 6
 // The row forward kernel's forms (its last template argument, norm_fwd_kernel.cuh); an
 // SM holds as many blocks as the scarcest of registers, warps and named barriers allow:
 // - kWide: blocks of up to kNormMaxBlockThreads, two an SM at 64 registers; a row
@@ -130,6 +137,9 @@ constexpr int kNormFwdStagedTileRows = 32;
 constexpr int kNormFwdStagedMaxBlockThreads = 1024;
 constexpr int kNormFwdStagedMaxRowsPerBlock = 8;
 static_assert(kNormFwdStagedMaxRowsPerBlock <= kNormMaxRowGroupBarrier, "a row group without a named barrier");
+// Rows of one warp (1025-1536, norm_fwd_row_shape's extra chunk counts) pass no named
+// barrier: 16 of them a block (512 threads) were faster than 8 or 32 (norm_row_shape.cpp)
+constexpr int kNormFwdStagedMaxWarpRowsPerBlock = 16;
 constexpr int64_t kNormFwdRmsSharedMinHidden = 3072;
 constexpr int64_t kNormFwdLnSharedMinHidden = kNormFwdStagedMaxHidden + 1;  // where the row-wise copy's tile ends
 constexpr int64_t kNormFwdSharedMaxHidden = 7168;                           // 224 KiB of tile: Hopper's 227 KiB a block

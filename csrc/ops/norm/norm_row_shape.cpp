@@ -43,7 +43,7 @@ NormRowShape row_shape(int64_t hidden, int chunks, int target_block_threads) {
 // are read per chunk where y is formed): at most 64 registers for a 16-bit input,
 // 56-92 for fp32 (ptxas, sm_90a, CUDA 13.0). Blocks of 256 threads: four blocks an
 // SM for 16-bit rows, whose reductions and loads interleave.
-// In the hidden <= 512 bucket, with `three_chunk_rows`, 3 chunks (24 elements a thread)
+// In the hidden <= 512 bucket, with `extra_chunk_rows`, 3 chunks (24 elements a thread)
 // where their lanes hold fewer columns past the row than 2 chunks' (a tie keeps 2). H100,
 // bf16 rows, one build, alternating rounds, us, two chunks / three: FP8 y, layernorm 65536 x
 // 384 39.1 / 30.4, 131072 x 320 69.1 / 54.3, 262144 x 192 71.4 / 61.3, 262144 x 96 38.4 /
@@ -52,11 +52,21 @@ NormRowShape row_shape(int64_t hidden, int chunks, int target_block_threads) {
 // powers of two (a full row on fewer lanes) were 1-4% faster for layernorm's FP8 y at
 // 128-512 but up to 37% slower for rmsnorm, and 0-13% slower with a bf16 y: not taken
 // (benchmarks/RESULTS.md, thirtieth session).
-NormRowShape norm_fwd_row_shape(int64_t hidden, bool three_chunk_rows) {
+// With `extra_chunk_rows`, rows of 1025-1536 on one warp of 5 or 6 chunks a thread, where 4
+// chunks took two warps (a named barrier in every reduction) and, at hidden = 128 mod 256,
+// left half of one warp's last chunk idle. H100, bf16 rows, one build, alternating rounds,
+// FP8 y, us, two warps / one: layernorm 32768 x 1152 53.5 / 48.1, 16384 x 1152 29.5 / 24.5,
+// 32768 x 1280 55.3 / 51.6, 32768 x 1408 59.8 / 56.8, 32768 x 1536 62.0 / 60.5; rmsnorm
+// 48.9 / 46.0, 25.9 / 22.0, 51.5 / 49.7, 56.1 / 54.4, 59.3 / 58.4; with a bf16 y within
+// +-1% to 7% faster (benchmarks/RESULTS.md, thirtieth session).
+NormRowShape norm_fwd_row_shape(int64_t hidden, bool extra_chunk_rows) {
   if (hidden > kNormFwdMaxRegisterHidden) return {};
+  if (extra_chunk_rows && hidden >= kNormFwdWarpRowMinHidden && hidden <= kNormFwdWarpRowMaxHidden) {
+    return row_shape(hidden, norm_fwd_warp_row_chunks(hidden), 256);
+  }
   if (hidden > kNormFwdSmallMaxHidden) return row_shape(hidden, kNormFwdChunks, 256);
   const NormRowShape two = row_shape(hidden, kNormFwdSmallChunks, 256);
-  if (!three_chunk_rows) return two;
+  if (!extra_chunk_rows) return two;
   const NormRowShape three = row_shape(hidden, kNormFwdSmallOddChunks, 256);
   return columns_covered(three) < columns_covered(two) ? three : two;
 }
@@ -80,14 +90,21 @@ int resident_blocks(int block_threads, int registers, int barriers) {
   return std::min({by_registers, kSmWarps / warps, kSmBarriers / barriers});
 }
 
-// Row groups for a 32-row tile in a block of up to `block_threads`:
-// whole rows (whole warps above hidden 1024), as many as fit, a power of two so that they
-// divide the tile, at most kNormFwdStagedMaxRowsPerBlock (their named barriers).
-NormRowShape tile_row_groups(int64_t hidden, int block_threads) {
-  NormRowShape rows = norm_fwd_row_shape(hidden);
+// Row groups for a 32-row tile in a block of up to `block_threads`: the row kernel's for the
+// same call (16-bit rows: its extra chunk counts, so the same sums), whole rows (whole warps
+// above hidden 1024), as many as fit, a power of two so that they divide the tile, at most
+// kNormFwdStagedMaxRowsPerBlock (their named barriers) where a row takes several warps and
+// kNormFwdStagedMaxWarpRowsPerBlock where it takes one. H100, both FP8 copies, one-warp rows
+// of 1152-1536 (bf16, us), 8 / 16 / 32 of them a block: layernorm 32768 x 1152 65.9 / 64.0 /
+// 68.8, 32768 x 1280 73.0 / 69.7 / 73.4, 32768 x 1536 89.8 / 83.5 / 86.0; rmsnorm 64.7 / 62.4
+// / 64.4, 71.8 / 68.5 / 69.0, 88.0 / 82.2 / 82.2; the two-warp rows' tile (8 a block) took
+// 71.5, 74.1, 83.9 and 65.6, 69.8, 80.8 (benchmarks/RESULTS.md, thirtieth session).
+NormRowShape tile_row_groups(int64_t hidden, int block_threads, bool fp32_input) {
+  NormRowShape rows = norm_fwd_row_shape(hidden, /*extra_chunk_rows=*/!fp32_input);
+  const int max_groups =
+      rows.threads_per_row > 32 ? kNormFwdStagedMaxRowsPerBlock : kNormFwdStagedMaxWarpRowsPerBlock;
   int rows_per_block = 1;
-  while (2 * rows_per_block * rows.threads_per_row <= block_threads &&
-         2 * rows_per_block <= kNormFwdStagedMaxRowsPerBlock) {
+  while (2 * rows_per_block * rows.threads_per_row <= block_threads && 2 * rows_per_block <= max_groups) {
     rows_per_block *= 2;
   }
   rows.rows_per_block = rows_per_block;
@@ -191,7 +208,7 @@ NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy, int64_t 
                            size_t(kNormFwdSharedTileRows) * size_t(hidden) + kNormFwdStaticSmemBound <= max_block_smem;
   // the small bucket's 16-bit rows that fill their lanes (two chunks a thread at 128, 256
   // and 512, three at 384), multiples of 128
-  const NormRowShape small_rows = norm_fwd_row_shape(hidden, /*three_chunk_rows=*/true);
+  const NormRowShape small_rows = norm_fwd_row_shape(hidden, /*extra_chunk_rows=*/true);
   const bool small_shared = !fp32_input && hidden >= kNormFwdSmallTiledMinHidden &&
                             hidden <= kNormFwdSmallMaxHidden && hidden % 128 == 0 && columns_covered(small_rows) == hidden;
   if (small_shared) {
@@ -205,11 +222,11 @@ NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy, int64_t 
     tile.tile_rows = kNormFwdTileRows;
     tile.tile = NormTile::kShared;
   } else if (wide_shared) {
-    tile.rows = tile_row_groups(hidden, kNormFwdStagedMaxBlockThreads);
+    tile.rows = tile_row_groups(hidden, kNormFwdStagedMaxBlockThreads, fp32_input);
     tile.tile_rows = kNormFwdSharedTileRows;
     tile.tile = NormTile::kShared;
   } else if (rowwise_copy && hidden >= kNormFwdStagedMinHidden && hidden % 8 == 0 && staged_hidden) {
-    tile.rows = tile_row_groups(hidden, fp32_input ? kNormMaxBlockThreads : kNormFwdStagedMaxBlockThreads);
+    tile.rows = tile_row_groups(hidden, fp32_input ? kNormMaxBlockThreads : kNormFwdStagedMaxBlockThreads, fp32_input);
     tile.tile_rows = kNormFwdStagedTileRows;
     tile.tile = NormTile::kRowwiseCopy;
   } else {
