@@ -721,7 +721,8 @@ _BF16, _FP16, _FP32 = torch.bfloat16, torch.float16, torch.float32
         (37, 768, _BF16, _FP32, False),  # y in another dtype than x: element-wise
         (5, 16392, _BF16, None, False),  # rows too long for registers: the fallback kernel
     ],
-    ids=["h64", "h384", "h1152", "h4096", "h2048_fp16", "h1024_fp32", "h1000", "h4096_misaligned", "bf16_to_fp32", "h16392"],
+    ids=["h64", "h384", "h1152", "h4096", "h2048_fp16", "h1024_fp32", "h1000", "h4096_misaligned", "bf16_to_fp32",
+         "h16392"],
 )
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_float_amax(norm, rows, hidden, x_dtype, out_dtype, misaligned, device, gen):

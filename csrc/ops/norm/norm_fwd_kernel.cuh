@@ -233,7 +233,8 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
                 "the tiled kernels: kWide, or the small bucket's rows (kImmediates) in their shared tile");
   static_assert(kForm != NormRowForm::kCompact || (kVectorized && kIn != TE_DTYPE_FLOAT32),
                 "the compact form's 56 registers: 16-bit vectorized rows");
-  static_assert(kForm != NormRowForm::kImmediates || kChunks == kNormFwdSmallChunks || kChunks == kNormFwdSmallOddChunks,
+  static_assert(kForm != NormRowForm::kImmediates || kChunks == kNormFwdSmallChunks ||
+                    kChunks == kNormFwdSmallOddChunks,
                 "the immediates' bound: the hidden <= 512 bucket's blocks");
   constexpr bool kImmediateBarrier = kForm != NormRowForm::kWide;
   RowReduction<float, kMaxWarps, kImmediateBarrier> reduction(scratch, group);

@@ -155,7 +155,7 @@ NormRowShape norm_bwd_row_shape(int64_t hidden);
 NormRowShape norm_bwd_pipelined_row_shape(int64_t hidden);
 
 // The compile-time buckets: chunks a thread holds. Forward: 2 (hidden <= 512; 3 where
-// that fills more lanes, see norm_fwd_row_shape) or 4.
+// that fills more lanes, see norm_fwd_row_shape) or 4 (5 or 6 on one warp at 1025-1536).
 // Backward: 2 up to hidden 8192 (a column costs it x hat, dz * gamma and two
 // accumulators in registers), 4 above, with the accumulators in shared memory
 // (one row group of up to 512 threads a block).

@@ -153,8 +153,7 @@ NormRowForm norm_fwd_row_form(const NormRowShape& shape, bool compact_allowed, N
 // second chunk past the row) lost up to 5% (layernorm 52.6 -> 55.2); with three chunks on 16
 // lanes (thirtieth session) it gains, us, two passes / tile: layernorm 32768 x 384 25.8 /
 // 23.9, 65536 x 384 47.0 / 46.4, 262144 x 384 194.3 / 170.1; rmsnorm 24.9 / 21.4, 45.3 /
-// 42.6, 190.5 / 154.7. 128-row tiles
-// lost 2-20% at 512; at 48 registers (five blocks an SM) the kernels spilled 8-24 bytes, up
+// 42.6, 190.5 / 154.7. 128-row tiles lost 2-20% at 512; at 48 registers (five blocks an SM) the kernels spilled 8-24 bytes, up
 // to 3% faster at 128-256 and up to 4% slower at 512, the same in sum. Four-chunk rows in
 // 512-thread blocks were 1-5% faster still at 512 (another build), but their sums differ
 // from the row kernel's, and y would change with the copies asked for (benchmarks/RESULTS.md,
@@ -210,7 +209,8 @@ NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy, int64_t 
   // and 512, three at 384), multiples of 128
   const NormRowShape small_rows = norm_fwd_row_shape(hidden, /*extra_chunk_rows=*/true);
   const bool small_shared = !fp32_input && hidden >= kNormFwdSmallTiledMinHidden &&
-                            hidden <= kNormFwdSmallMaxHidden && hidden % 128 == 0 && columns_covered(small_rows) == hidden;
+                            hidden <= kNormFwdSmallMaxHidden && hidden % 128 == 0 &&
+                            columns_covered(small_rows) == hidden;
   if (small_shared) {
     tile.rows = small_rows;  // the row kernel's row groups: the same sums, the same bytes
     tile.rows.rows_per_block = kNormFwdSmallMaxThreads / tile.rows.threads_per_row;
