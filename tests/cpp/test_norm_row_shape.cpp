@@ -67,6 +67,13 @@ TEST(NormRowShape, ForwardExtraChunkRows) {
       EXPECT_EQ(opente::norm_fwd_row_form(s, true, opente::NormType::kLayerNorm), opente::NormRowForm::kWide);
       continue;
     }
+    if (hidden > opente::kNormFwdSmallMaxHidden && hidden <= opente::kNormFwdHalfWarpRowMaxHidden) {
+      EXPECT_EQ(s.threads_per_row, 16) << hidden;  // half a warp a row, where four chunks took a warp
+      EXPECT_EQ(s.chunks, opente::kNormFwdHalfWarpRowChunks) << hidden;
+      EXPECT_LT(columns, int64_t(plain.threads_per_row) * plain.chunks * 8) << hidden;
+      EXPECT_EQ(opente::norm_fwd_row_form(s, true, opente::NormType::kLayerNorm), opente::NormRowForm::kWide);
+      continue;
+    }
     if (hidden > opente::kNormFwdSmallMaxHidden) {
       EXPECT_TRUE(s.chunks == plain.chunks && s.threads_per_row == plain.threads_per_row) << hidden;
       continue;
@@ -87,6 +94,8 @@ TEST(NormRowShape, ForwardExtraChunkRows) {
   EXPECT_TRUE(shape(1536).chunks == 6 && shape(1536).threads_per_row == 32);
   EXPECT_TRUE(shape(1544).chunks == 4 && shape(1544).threads_per_row == 64);
   EXPECT_TRUE(shape(1024).chunks == 4 && shape(1024).threads_per_row == 32);
+  EXPECT_TRUE(shape(640).chunks == 5 && shape(640).threads_per_row == 16);  // four chunks: 20 of 32 lanes
+  EXPECT_TRUE(shape(648).chunks == 4 && shape(648).threads_per_row == 32);
 }
 
 TEST(NormRowShape, RowForms) {

@@ -58,13 +58,24 @@ NormRowShape row_shape(int64_t hidden, int chunks, int target_block_threads) {
 // FP8 y, us, two warps / one: layernorm 32768 x 1152 53.5 / 48.1, 16384 x 1152 29.5 / 24.5,
 // 32768 x 1280 55.3 / 51.6, 32768 x 1408 59.8 / 56.8, 32768 x 1536 62.0 / 60.5; rmsnorm
 // 48.9 / 46.0, 25.9 / 22.0, 51.5 / 49.7, 56.1 / 54.4, 59.3 / 58.4; with a bf16 y within
-// +-1% to 7% faster (benchmarks/RESULTS.md, thirtieth session).
+// +-1% to 7% faster (benchmarks/RESULTS.md, thirtieth session). Rows of 513-640 on half a
+// warp of 5 chunks where 4 took a warp and left part of its third chunk idle (the 5-chunk
+// kernels are the one-warp rows'), us, a warp / half: FP8 y, layernorm 65536 x 640 56.1 /
+// 52.8, 65536 x 576 54.0 / 48.4, 65536 x 520 52.6 / 46.3; rmsnorm 52.2 / 50.7, 49.3 / 46.9,
+// 46.9 / 44.6; bf16 y 0-9% faster.
 NormRowShape norm_fwd_row_shape(int64_t hidden, bool extra_chunk_rows) {
   if (hidden > kNormFwdMaxRegisterHidden) return {};
   if (extra_chunk_rows && hidden >= kNormFwdWarpRowMinHidden && hidden <= kNormFwdWarpRowMaxHidden) {
     return row_shape(hidden, norm_fwd_warp_row_chunks(hidden), 256);
   }
-  if (hidden > kNormFwdSmallMaxHidden) return row_shape(hidden, kNormFwdChunks, 256);
+  if (hidden > kNormFwdSmallMaxHidden) {
+    const NormRowShape four = row_shape(hidden, kNormFwdChunks, 256);
+    if (extra_chunk_rows && hidden <= kNormFwdHalfWarpRowMaxHidden) {
+      const NormRowShape five = row_shape(hidden, kNormFwdHalfWarpRowChunks, 256);
+      if (columns_covered(five) < columns_covered(four)) return five;
+    }
+    return four;
+  }
   const NormRowShape two = row_shape(hidden, kNormFwdSmallChunks, 256);
   if (!extra_chunk_rows) return two;
   const NormRowShape three = row_shape(hidden, kNormFwdSmallOddChunks, 256);
