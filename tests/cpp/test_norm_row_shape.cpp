@@ -53,7 +53,8 @@ TEST(NormRowShape, ForwardBuckets) {
 TEST(NormRowShape, ForwardExtraChunkRows) {
   // with the extra chunk counts' kernels (16-bit vectorized rows): the hidden <= 512 bucket
   // takes whichever of 2 and 3 chunks a thread covers the row with fewer columns past it;
-  // rows of 1025-1536 take one warp of 5 or 6 chunks; the others the buckets' shapes
+  // rows of 513-640 take half a warp of 5 chunks, rows of 1025-1536 one warp of 5 or 6; the
+  // others the buckets' shapes
   for (int64_t hidden = 1; hidden <= opente::kNormFwdMaxRegisterHidden; ++hidden) {
     const NormRowShape s = opente::norm_fwd_row_shape(hidden, /*extra_chunk_rows=*/true);
     check_shape(s, hidden, "forward, extra chunk counts");
