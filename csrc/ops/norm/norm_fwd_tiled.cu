@@ -94,13 +94,21 @@ void norm_fwd_tiled_cuda(const NormFwdParams& p, int device, void* stream) {
         by_norm(Chunks{}, std::integral_constant<NormTile, NormTile::kShared>{});
       } else if (tile.rows.chunks == kNormFwdChunks) {
         by_norm(Chunks{}, FromRowwiseCopy{});
-      } else if constexpr (kIn != TE_DTYPE_FLOAT32) {
-        // 16-bit rows of 1025-1536 on one warp, the row kernel's groups (norm_fwd_row_shape)
-        if (tile.rows.chunks == 5) {
-          by_norm(std::integral_constant<int, 5>{}, FromRowwiseCopy{});
-        } else {
-          by_norm(std::integral_constant<int, 6>{}, FromRowwiseCopy{});
+      } else {
+        // 16-bit rows of 1025-1536 on one warp, the row kernel's groups (norm_fwd_row_shape);
+        // fp32 rows keep four chunks, and no other count reaches here (NormRowShape.TiledForward)
+        if constexpr (kIn != TE_DTYPE_FLOAT32) {
+          if (tile.rows.chunks == 5) {
+            by_norm(std::integral_constant<int, 5>{}, FromRowwiseCopy{});
+            return;
+          }
+          if (tile.rows.chunks == 6) {
+            by_norm(std::integral_constant<int, 6>{}, FromRowwiseCopy{});
+            return;
+          }
         }
+        fail(TE_ERROR_INTERNAL,
+             concat("norm forward (tiled): no kernel of ", tile.rows.chunks, " chunks for these rows"));
       }
     });
   });
