@@ -52,9 +52,9 @@ TEST(NormRowShape, ForwardBuckets) {
 
 TEST(NormRowShape, ForwardExtraChunkRows) {
   // with the extra chunk counts' kernels (16-bit vectorized rows): the hidden <= 512 bucket
-  // takes whichever of 2 and 3 chunks a thread covers the row with fewer columns past it;
-  // rows of 513-640 take half a warp of 5 chunks, rows of 1025-1536 one warp of 5 or 6; the
-  // others the buckets' shapes
+  // takes whichever of 2 and 3 chunks a thread covers the row with fewer columns past it, but
+  // 8 lanes of 5 chunks at 257-320; rows of 513-640 take half a warp of 5 chunks, rows of
+  // 1025-1536 one warp of 5 or 6; the others the buckets' shapes
   for (int64_t hidden = 1; hidden <= opente::kNormFwdMaxRegisterHidden; ++hidden) {
     const NormRowShape s = opente::norm_fwd_row_shape(hidden, /*extra_chunk_rows=*/true);
     check_shape(s, hidden, "forward, extra chunk counts");
@@ -70,13 +70,21 @@ TEST(NormRowShape, ForwardExtraChunkRows) {
     }
     if (hidden > opente::kNormFwdSmallMaxHidden && hidden <= opente::kNormFwdHalfWarpRowMaxHidden) {
       EXPECT_EQ(s.threads_per_row, 16) << hidden;  // half a warp a row, where four chunks took a warp
-      EXPECT_EQ(s.chunks, opente::kNormFwdHalfWarpRowChunks) << hidden;
+      EXPECT_EQ(s.chunks, opente::kNormFwdFiveChunks) << hidden;
       EXPECT_LT(columns, int64_t(plain.threads_per_row) * plain.chunks * 8) << hidden;
       EXPECT_EQ(opente::norm_fwd_row_form(s, true, opente::NormType::kLayerNorm), opente::NormRowForm::kWide);
       continue;
     }
     if (hidden > opente::kNormFwdSmallMaxHidden) {
       EXPECT_TRUE(s.chunks == plain.chunks && s.threads_per_row == plain.threads_per_row) << hidden;
+      continue;
+    }
+    if (hidden >= opente::kNormFwdEightLaneRowMinHidden && hidden <= opente::kNormFwdEightLaneRowMaxHidden) {
+      EXPECT_EQ(s.threads_per_row, 8) << hidden;  // where three chunks took 16 lanes
+      EXPECT_EQ(s.chunks, opente::kNormFwdFiveChunks) << hidden;
+      EXPECT_EQ(s.block_threads(), opente::kNormFwdSmallMaxThreads) << hidden;
+      EXPECT_LT(columns, int64_t(plain.threads_per_row) * plain.chunks * 8) << hidden;
+      EXPECT_EQ(opente::norm_fwd_row_form(s, true, opente::NormType::kLayerNorm), opente::NormRowForm::kWide);
       continue;
     }
     ASSERT_TRUE(s.chunks == opente::kNormFwdSmallChunks || s.chunks == opente::kNormFwdSmallOddChunks) << hidden;
@@ -89,7 +97,10 @@ TEST(NormRowShape, ForwardExtraChunkRows) {
   auto shape = [](int64_t hidden) { return opente::norm_fwd_row_shape(hidden, true); };
   EXPECT_TRUE(shape(384).chunks == 3 && shape(384).threads_per_row == 16);  // two chunks: 8 of 32 lanes idle
   EXPECT_TRUE(shape(96).chunks == 3 && shape(96).threads_per_row == 4);
-  EXPECT_TRUE(shape(320).chunks == 3 && shape(320).threads_per_row == 16);
+  EXPECT_TRUE(shape(320).chunks == 5 && shape(320).threads_per_row == 8);  // three chunks: 16 lanes
+  EXPECT_TRUE(shape(264).chunks == 5 && shape(264).threads_per_row == 8);
+  EXPECT_TRUE(shape(328).chunks == 3 && shape(328).threads_per_row == 16);
+  EXPECT_TRUE(shape(160).chunks == 3 && shape(160).threads_per_row == 8);  // 5 chunks on 4 lanes: slower
   for (int64_t hidden : {8, 16, 64, 128, 200, 256, 392, 512}) EXPECT_EQ(shape(hidden).chunks, 2) << hidden;
   EXPECT_TRUE(shape(1152).chunks == 5 && shape(1152).threads_per_row == 32);  // four chunks: two warps
   EXPECT_TRUE(shape(1536).chunks == 6 && shape(1536).threads_per_row == 32);

@@ -554,8 +554,9 @@ def test_fwd_cuda(norm, x_dtype, shape, device, gen):
 # 10241-12288: 2056, 4104, 7168, 8193, 9216, 10248 and 12288 there, 7176, 9224 and 10240
 # just past. Rows of up to 512 take the small bucket's 256-thread blocks; of those, 16-bit
 # vectorized rows that three chunks a thread fill better than two (norm_fwd_row_shape) take
-# 24 elements a thread: 24, 40, 96, 192, 264, 320 and 384 (16 lanes) here, 200 and 392 keep two;
-# those of 520-640 take half a warp a row, 40 elements a thread: 520, 576, 640 (648 keeps a warp
+# 24 elements a thread: 24, 40, 96, 192 and 384 (16 lanes) here, 200 and 392 keep two; those of
+# 257-320 take 8 lanes of 40 elements: 264, 320; those of 520-640 take half a warp a row, 40
+# elements a thread: 520, 576, 640 (648 keeps a warp
 # of 32); those of 1025-1536 a warp a row, 40 or 48 elements a thread: 1032, 1152, 1288, 1408, 1536.
 BUCKET_HIDDEN = [1, 3, 8, 15, 16, 17, 24, 40, 96, 100, 128, 136, 192, 200, 255, 256, 264, 320, 384, 392, 511, 512,
                  513, 520, 576, 640, 648, 1000, 1023, 1024, 1025, 1032, 1152, 1288, 1408, 1536, 2048, 2056, 3000,
@@ -693,13 +694,14 @@ def test_fwd_fp8_cuda(norm, x_dtype, shape, fp8_dtype, columnwise, device, gen):
 @pytest.mark.parametrize("device", CUDA)
 @pytest.mark.parametrize("misaligned", [False, True], ids=["aligned", "misaligned"])
 @pytest.mark.parametrize("columnwise", [False, True], ids=["rowwise", "both"])
-@pytest.mark.parametrize("hidden", [3, 16, 96, 136, 384, 513, 640, 1152, 1536, 4095, 4104, 8192, 10248, 16385],
+@pytest.mark.parametrize("hidden", [3, 16, 96, 136, 320, 384, 513, 640, 1152, 1536, 4095, 4104, 8192, 10248, 16385],
                          ids=lambda h: f"h{h}")
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_fp8_cuda_buckets(norm, hidden, columnwise, misaligned, device, gen):
-    """The fused FP8 cast in each bucket (96 and 384: three chunks a thread; 640: five on
-    half a warp; 1152 and 1536: five and six on a warp), on the vectorized (FP8 type compiled
-    in) and the element-wise path (read at run time), and in the fallback (16385)."""
+    """The fused FP8 cast in each bucket (96 and 384: three chunks a thread; 320: five on 8
+    lanes; 640: five on half a warp; 1152 and 1536: five and six on a warp), on the vectorized
+    (FP8 type compiled in) and the element-wise path (read at run time), and in the fallback
+    (16385)."""
     check_fwd_fp8_cuda(norm, 37 if hidden <= 8192 else 5, hidden, torch.bfloat16, E4M3, columnwise, device, gen,
                        misaligned=misaligned)
 

@@ -88,8 +88,8 @@ void norm_fwd_cuda(const NormFwdParams& p, int device, void* workspace, size_t w
     };
     // The extra chunk counts (norm_fwd_row_shape), for 16-bit rows with a y in x's dtype or
     // FP8 (the other ys keep the buckets' 2 and 4): three chunks a thread for the hidden <=
-    // 512 bucket's rows that two leave lanes idle, 5 for rows of 513-640 on half a warp, 5 or
-    // 6 for rows of 1025-1536 on one warp.
+    // 512 bucket's rows that two leave lanes idle, 5 for rows of 257-320 on 8 lanes and
+    // 513-640 on half a warp, 5 or 6 for rows of 1025-1536 on one warp.
     constexpr bool kExtraChunkRows = k16BitRows && (kOut == kIn || kIsFp8<kOut>);
     using SmallChunks = std::integral_constant<int, kNormFwdSmallChunks>;
     using SmallOddChunks = std::integral_constant<int, kNormFwdSmallOddChunks>;

@@ -39,16 +39,20 @@ struct NormRowShape {
 // `extra_chunk_rows`: the call has the kernels of the extra chunk counts (16-bit vectorized
 // rows with a y in x's dtype or FP8, norm_fwd.cu):
 // - kNormFwdSmallOddChunks, which the hidden <= 512 bucket takes where three chunks a thread
-//   leave fewer of its lanes idle than two (hidden 17-24, 33-48, 65-96, 129-192, 257-384: 384
+//   leave fewer of its lanes idle than two (hidden 17-24, 33-48, 65-96, 129-192, 321-384: 384
 //   on 16 lanes, where two chunks leave 8 of 32 lanes idle);
-// - rows of 513 to kNormFwdHalfWarpRowMaxHidden on half a warp, kNormFwdHalfWarpRowChunks a
+// - rows of kNormFwdEightLaneRowMinHidden to kNormFwdEightLaneRowMaxHidden on 8 lanes of
+//   kNormFwdFiveChunks, where three chunks took 16 lanes (320 of 384 columns);
+// - rows of 513 to kNormFwdHalfWarpRowMaxHidden on half a warp, kNormFwdFiveChunks a
 //   thread, where 4 chunks took a warp and left part of it idle in their third;
 // - rows of kNormFwdWarpRowMinHidden to kNormFwdWarpRowMaxHidden on one warp, 5 or 6 chunks
 //   a thread (norm_fwd_warp_row_chunks), where 4 chunks took two warps and their reductions
 //   a named barrier.
 NormRowShape norm_fwd_row_shape(int64_t hidden, bool extra_chunk_rows = false);
+constexpr int kNormFwdFiveChunks = 5;
+constexpr int64_t kNormFwdEightLaneRowMinHidden = 257;
+constexpr int64_t kNormFwdEightLaneRowMaxHidden = 320;
 constexpr int64_t kNormFwdHalfWarpRowMaxHidden = 640;
-constexpr int kNormFwdHalfWarpRowChunks = 5;
 constexpr int64_t kNormFwdWarpRowMinHidden = 1025;
 constexpr int64_t kNormFwdWarpRowMaxHidden = 1536;
 constexpr int norm_fwd_warp_row_chunks(int64_t hidden) { return int((hidden + 255) / 256); }  // 5 or 6
@@ -159,8 +163,8 @@ NormRowShape norm_bwd_row_shape(int64_t hidden);
 NormRowShape norm_bwd_pipelined_row_shape(int64_t hidden);
 
 // The compile-time buckets: chunks a thread holds. Forward: 2 (hidden <= 512; 3 where
-// that fills more lanes, see norm_fwd_row_shape) or 4 (5 on half a warp at 513-640, 5 or 6
-// on one warp at 1025-1536).
+// that fills more lanes, 5 on 8 lanes at 257-320, see norm_fwd_row_shape) or 4 (5 on half a
+// warp at 513-640, 5 or 6 on one warp at 1025-1536).
 // Backward: 2 up to hidden 8192 (a column costs it x hat, dz * gamma and two
 // accumulators in registers), 4 above, with the accumulators in shared memory
 // (one row group of up to 512 threads a block).

@@ -63,6 +63,11 @@ NormRowShape row_shape(int64_t hidden, int chunks, int target_block_threads) {
 // kernels are the one-warp rows'), us, a warp / half: FP8 y, layernorm 65536 x 640 56.1 /
 // 52.8, 65536 x 576 54.0 / 48.4, 65536 x 520 52.6 / 46.3; rmsnorm 52.2 / 50.7, 49.3 / 46.9,
 // 46.9 / 44.6; bf16 y 0-9% faster.
+// Rows of 257-320 on 8 lanes of 5 chunks (the same kernels), where three chunks took 16 lanes
+// and left a sixth of the columns idle, us, three / five: FP8 y, layernorm 131072 x 320 54.4 /
+// 52.1, 65536 x 320 28.3 / 25.6; rmsnorm 51.3 / 50.4, 24.1 / 24.1; bf16 y within 1%. Shorter
+// rows were not taken: at 160 (4 lanes) rmsnorm's FP8 y lost 2.5%, at 80 (2 lanes) both norms
+// 12-23% (benchmarks/RESULTS.md, thirty-first session).
 NormRowShape norm_fwd_row_shape(int64_t hidden, bool extra_chunk_rows) {
   if (hidden > kNormFwdMaxRegisterHidden) return {};
   if (extra_chunk_rows && hidden >= kNormFwdWarpRowMinHidden && hidden <= kNormFwdWarpRowMaxHidden) {
@@ -71,13 +76,16 @@ NormRowShape norm_fwd_row_shape(int64_t hidden, bool extra_chunk_rows) {
   if (hidden > kNormFwdSmallMaxHidden) {
     const NormRowShape four = row_shape(hidden, kNormFwdChunks, 256);
     if (extra_chunk_rows && hidden <= kNormFwdHalfWarpRowMaxHidden) {
-      const NormRowShape five = row_shape(hidden, kNormFwdHalfWarpRowChunks, 256);
+      const NormRowShape five = row_shape(hidden, kNormFwdFiveChunks, 256);
       if (columns_covered(five) < columns_covered(four)) return five;
     }
     return four;
   }
   const NormRowShape two = row_shape(hidden, kNormFwdSmallChunks, 256);
   if (!extra_chunk_rows) return two;
+  if (hidden >= kNormFwdEightLaneRowMinHidden && hidden <= kNormFwdEightLaneRowMaxHidden) {
+    return row_shape(hidden, kNormFwdFiveChunks, 256);
+  }
   const NormRowShape three = row_shape(hidden, kNormFwdSmallOddChunks, 256);
   return columns_covered(three) < columns_covered(two) ? three : two;
 }
