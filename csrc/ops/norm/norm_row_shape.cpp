@@ -172,11 +172,11 @@ NormRowForm norm_fwd_row_form(const NormRowShape& shape, bool compact_allowed, N
 // second chunk past the row) lost up to 5% (layernorm 52.6 -> 55.2); with three chunks on 16
 // lanes (thirtieth session) it gains, us, two passes / tile: layernorm 32768 x 384 25.8 /
 // 23.9, 65536 x 384 47.0 / 46.4, 262144 x 384 194.3 / 170.1; rmsnorm 24.9 / 21.4, 45.3 /
-// 42.6, 190.5 / 154.7. 128-row tiles lost 2-20% at 512; at 48 registers (five blocks an SM) the kernels spilled 8-24 bytes, up
-// to 3% faster at 128-256 and up to 4% slower at 512, the same in sum. Four-chunk rows in
-// 512-thread blocks were 1-5% faster still at 512 (another build), but their sums differ
-// from the row kernel's, and y would change with the copies asked for (benchmarks/RESULTS.md,
-// twenty-eighth session).
+// 42.6, 190.5 / 154.7. 128-row tiles lost 2-20% at 512; at 48 registers (five blocks an SM)
+// the kernels spilled 8-24 bytes, up to 3% faster at 128-256 and up to 4% slower at 512, the
+// same in sum. Four-chunk rows in 512-thread blocks were 1-5% faster still at 512 (another
+// build), but their sums differ from the row kernel's, and y would change with the copies
+// asked for (benchmarks/RESULTS.md, twenty-eighth session).
 // Hidden 768 and 1024, the tile in shared memory: blocks of 512
 // threads (the register kernels' bound), 16 rows of a warp each, so a 64-row tile (64 KiB
 // at hidden 1024: two blocks an SM) takes four passes of the block. H100, against the two
