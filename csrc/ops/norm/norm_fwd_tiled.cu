@@ -51,26 +51,31 @@ void norm_fwd_tiled_cuda(const NormFwdParams& p, int device, void* stream) {
     check_launch("norm_fwd_rows_kernel (tiled)");
   };
   // the tiled rows hold kNormFwdChunks (hidden > 512), or the small bucket's two or three
-  // (16-bit rows only)
+  // (16-bit rows only, in their immediates form), or 5-6 for 16-bit one-warp rows
   dispatch_float_dtype(p.in_dtype, [&](auto in_tag) {
     dispatch_fp8_dtype(p.out_dtype, [&](auto out_tag) {
       constexpr te_dtype kIn = decltype(in_tag)::value, kOut = decltype(out_tag)::value;
+      auto by_norm = [&](auto chunks_tag, auto tile_tag, auto form_tag) {
+        constexpr int kChunks = decltype(chunks_tag)::value;
+        constexpr NormTile kTile = decltype(tile_tag)::value;
+        constexpr NormRowForm kForm = decltype(form_tag)::value;
+        if (p.type == NormType::kLayerNorm) {
+          launch(norm_fwd_rows_kernel<kIn, kOut, kChunks, true, true, false, kTile, kForm>);
+        } else {
+          launch(norm_fwd_rows_kernel<kIn, kOut, kChunks, false, true, false, kTile, kForm>);
+        }
+      };
+      using Shared = std::integral_constant<NormTile, NormTile::kShared>;
+      using FromRowwiseCopy = std::integral_constant<NormTile, NormTile::kRowwiseCopy>;
+      using Wide = std::integral_constant<NormRowForm, NormRowForm::kWide>;
+      using Immediates = std::integral_constant<NormRowForm, NormRowForm::kImmediates>;
+      using Chunks = std::integral_constant<int, kNormFwdChunks>;
       if (tile.rows.chunks == kNormFwdSmallChunks || tile.rows.chunks == kNormFwdSmallOddChunks) {
         if constexpr (kIn != TE_DTYPE_FLOAT32) {
-          auto by_norm = [&](auto chunks_tag) {
-            constexpr int kChunks = decltype(chunks_tag)::value;
-            constexpr NormTile kShared = NormTile::kShared;
-            constexpr NormRowForm kSmall = NormRowForm::kImmediates;
-            if (p.type == NormType::kLayerNorm) {
-              launch(norm_fwd_rows_kernel<kIn, kOut, kChunks, true, true, false, kShared, kSmall>);
-            } else {
-              launch(norm_fwd_rows_kernel<kIn, kOut, kChunks, false, true, false, kShared, kSmall>);
-            }
-          };
           if (tile.rows.chunks == kNormFwdSmallOddChunks) {  // hidden 384
-            by_norm(std::integral_constant<int, kNormFwdSmallOddChunks>{});
+            by_norm(std::integral_constant<int, kNormFwdSmallOddChunks>{}, Shared{}, Immediates{});
           } else {
-            by_norm(std::integral_constant<int, kNormFwdSmallChunks>{});
+            by_norm(std::integral_constant<int, kNormFwdSmallChunks>{}, Shared{}, Immediates{});
           }
         } else {
           // norm_fwd_tile_shape keeps fp32 rows of the small bucket on the two passes (the
@@ -79,32 +84,17 @@ void norm_fwd_tiled_cuda(const NormFwdParams& p, int device, void* stream) {
         }
         return;
       }
-      auto by_norm = [&](auto chunks_tag, auto tile_tag) {
-        constexpr int kChunks = decltype(chunks_tag)::value;
-        constexpr NormTile kTile = decltype(tile_tag)::value;
-        if (p.type == NormType::kLayerNorm) {
-          launch(norm_fwd_rows_kernel<kIn, kOut, kChunks, true, true, false, kTile>);
-        } else {
-          launch(norm_fwd_rows_kernel<kIn, kOut, kChunks, false, true, false, kTile>);
-        }
-      };
-      using Chunks = std::integral_constant<int, kNormFwdChunks>;
-      using FromRowwiseCopy = std::integral_constant<NormTile, NormTile::kRowwiseCopy>;
       if (tile.tile == NormTile::kShared) {
-        by_norm(Chunks{}, std::integral_constant<NormTile, NormTile::kShared>{});
+        by_norm(Chunks{}, Shared{}, Wide{});
       } else if (tile.rows.chunks == kNormFwdChunks) {
-        by_norm(Chunks{}, FromRowwiseCopy{});
+        by_norm(Chunks{}, FromRowwiseCopy{}, Wide{});
       } else {
         // 16-bit rows of 1025-1536 on one warp, the row kernel's groups (norm_fwd_row_shape);
         // fp32 rows keep four chunks, and no other count reaches here (NormRowShape.TiledForward)
         if constexpr (kIn != TE_DTYPE_FLOAT32) {
-          if (tile.rows.chunks == 5) {
-            by_norm(std::integral_constant<int, 5>{}, FromRowwiseCopy{});
-            return;
-          }
-          if (tile.rows.chunks == 6) {
-            by_norm(std::integral_constant<int, 6>{}, FromRowwiseCopy{});
-            return;
+          switch (tile.rows.chunks) {
+            case 5: by_norm(std::integral_constant<int, 5>{}, FromRowwiseCopy{}, Wide{}); return;
+            case 6: by_norm(std::integral_constant<int, 6>{}, FromRowwiseCopy{}, Wide{}); return;
           }
         }
         fail(TE_ERROR_INTERNAL,
