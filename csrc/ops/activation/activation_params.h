@@ -37,7 +37,8 @@ inline te_activation base_activation(te_activation kind) {
 // Every product and sum is rounded on its own (act_mul, act_add): nvcc would
 // otherwise fuse a * b + c into one fused multiply-add with a single rounding,
 // and the GPU would differ from the CPU reference in more places than where
-// the device's exponential and quotient round differently from the host's.
+// the device's exponential and quotient round differently from the host's (and
+// gelu's exp(-2u), whose argument the GPU takes with its constants folded).
 
 constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluC = 0.044715f;
@@ -67,16 +68,38 @@ OPENTE_ACT_HD inline float act_sub(float a, float b) {
 #endif
 }
 
-// 1 / (1 + exp(-x)). On the GPU from the fast intrinsics (ex2.approx after a
-// multiply, and rcp.approx: 2 + 1.2 |x| ulp for exp, 2 ulp for the quotient), well
-// inside the bounds the tests derive. The accurate expf and the IEEE division
-// cost about 25 instructions an element, and made the gelu and silu kernels
-// compute-bound (on an H100 a bf16 -> FP8 kernel reached 68-76% of copy bandwidth
-// with them, 85-95% with the intrinsics). Where 1 + exp(-x) passes 2^126 (x below
-// -87.3) the quotient is 0: sigmoid(x) is below 2^-126 there.
+#ifdef __CUDA_ARCH__
+// 2^x and 1/x in one special-function instruction each (ex2.approx.ftz: 2 ulp;
+// rcp.approx.ftz: 1 ulp), where __expf and __fdividef compile (without -ftz) to the
+// same two instructions plus several that handle subnormal operands, which these
+// formulas never need: 2^x is added to 1, and 1 / (1 + 2^x) is below 2^-126 only
+// where 1 + 2^x passes 2^126, where it is flushed to 0 (as __fdividef returns 0).
+__device__ __forceinline__ float act_ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float act_rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+#endif
+
+constexpr float kLog2E = 1.4426950408889634f;
+
+// 1 / (1 + exp(-x)). On the GPU 1 / (1 + 2^(-x log2 e)) from act_ex2 and act_rcp
+// (2 + |x| ulp for the exponential, 1 for the reciprocal), well inside the bounds the
+// tests derive. The accurate expf and the IEEE division cost about 25 instructions an
+// element, and made the gelu and silu kernels compute-bound (on an H100 a bf16 -> FP8
+// kernel reached 68-76% of copy bandwidth with them, 85-95% with __expf and
+// __fdividef); on an H200, whose copy is 1.4x the H100's, gelu -> FP8 went from 78% of
+// a same-bytes copy with __expf and __fdividef to 94% with these. Where 1 + exp(-x)
+// passes 2^126 (x below -87.3) the quotient is 0: sigmoid(x) is below 2^-126 there.
 OPENTE_ACT_HD inline float act_sigmoid(float x) {
 #ifdef __CUDA_ARCH__
-  return __fdividef(1.0f, act_add(1.0f, __expf(-x)));
+  return act_rcp(act_add(1.0f, act_ex2(act_mul(-kLog2E, x))));
 #else
   return 1.0f / act_add(1.0f, expf(-x));
 #endif
@@ -84,10 +107,21 @@ OPENTE_ACT_HD inline float act_sigmoid(float x) {
 
 // sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)), shared by gelu and its derivative:
 // the tanh form's 0.5 (1 + tanh(u)) is sigmoid(2u), which needs no tanh and
-// does not cancel for x << 0.
+// does not cancel for x << 0. On the GPU exp(-2u) is 2^(x (a + b x^2)) with the
+// constants folded (a = -2 sqrt(2/pi) log2 e, b = 0.044715 a): x^2, one fused
+// multiply-add and a multiply where the host's form takes five operations (the gelu
+// kernels are bound by instruction issue on an H200).
+constexpr float kGeluExp2A = -2.0f * kGeluK * kLog2E;
+constexpr float kGeluExp2B = kGeluExp2A * kGeluC;
+
 OPENTE_ACT_HD inline float gelu_sigmoid(float x) {
+#ifdef __CUDA_ARCH__
+  const float z = act_mul(x, __fmaf_rn(kGeluExp2B, act_mul(x, x), kGeluExp2A));
+  return act_rcp(act_add(1.0f, act_ex2(z)));
+#else
   const float x3 = act_mul(act_mul(act_mul(kGeluC, x), x), x);
   return act_sigmoid(act_mul(2.0f * kGeluK, act_add(x, x3)));
+#endif
 }
 
 OPENTE_ACT_HD inline float act_forward(te_activation base, float x) {
