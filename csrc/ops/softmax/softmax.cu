@@ -179,10 +179,12 @@ __device__ __forceinline__ float row_reduce(float v, Op op, float* scratch) {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kMaskedLogit2 = kMaskedLogit * kLog2e;
 
-// 2^t as ex2.approx.ftz: exp2f compiles (without -ftz) to the same MUFU.EX2 and three
-// more instructions an element that scale subnormal results, which this flushes to 0
-// instead: y = 2^t / sum then differs from the reference by less than 2^-126, inside the
-// tests' bound. On an H200 these kernels are bound by instruction issue.
+// 2^t as ex2.approx.ftz: exp2f compiles (without -ftz) to the same MUFU.EX2 plus
+// instructions that scale subnormal results (without them these kernels' SASS is 16-704
+// instructions shorter), which this flushes to 0 instead: y = 2^t / sum then differs
+// from the reference by less than 2^-126, inside the tests' bound. The forward kinds
+// were bound by instruction issue (H100: the masked forward 90% -> 96% of a same-bytes
+// copy with this).
 __device__ __forceinline__ float exp2_ftz(float t) {
   float e;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(t));
