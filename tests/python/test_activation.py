@@ -185,9 +185,8 @@ def test_enum_values():
 # for the exponential and the quotient (ex2.approx, rcp.approx) and gelu's exp(-2u),
 # whose argument they take with its constants folded (one fused multiply-add), so
 # results differ from the CPU core only there: float outputs within twice the
-# reference bound, and FP8 codes equal
-# wherever the fp32 values (run with a float32 output on both devices) are equal, at
-# most one code apart elsewhere. Shapes: flat vector path with tails (37 x 1024,
+# reference bound, and FP8 codes equal wherever the fp32 values (run with a float32
+# output on both devices) are equal, at most one code apart elsewhere. Shapes: flat vector path with tails (37 x 1024,
 # 1000 x 1000), element-by-element paths (3 x 17: odd hidden; "unaligned": the input
 # starts one element past a 16-byte boundary) and, with the column-wise copy, the
 # tiled kernel's fast path (rows and H multiples of 8: 256 x 1024, 1000 x 1000 with
