@@ -556,8 +556,8 @@ def test_fwd_cuda(norm, x_dtype, shape, device, gen):
 # vectorized rows that three chunks a thread fill better than two (norm_fwd_row_shape) take
 # 24 elements a thread: 24, 40, 96, 192 and 384 (16 lanes) here, 200 and 392 keep two; those of
 # 257-320 take 8 lanes of 40 elements: 264, 320; those of 520-640 take half a warp a row, 40
-# elements a thread: 520, 576, 640 (648 keeps a warp
-# of 32); those of 1025-1536 a warp a row, 40 or 48 elements a thread: 1032, 1152, 1288, 1408, 1536.
+# elements a thread: 520, 576, 640 (648 keeps a warp of 32); those of 1025-1536 a warp a row,
+# 40 or 48 elements a thread: 1032, 1152, 1288, 1408, 1536.
 BUCKET_HIDDEN = [1, 3, 8, 15, 16, 17, 24, 40, 96, 100, 128, 136, 192, 200, 255, 256, 264, 320, 384, 392, 511, 512,
                  513, 520, 576, 640, 648, 1000, 1023, 1024, 1025, 1032, 1152, 1288, 1408, 1536, 2048, 2056, 3000,
                  4095, 4096, 4104, 7168, 7176, 8184, 8191, 8192, 8193, 8200, 9216, 9224, 10240, 10248, 12288, 16376,

@@ -11,6 +11,9 @@
 
 #include "opente/activation.h"
 #include "opente/tensor.h"
+#ifdef __CUDACC__
+#include "common/cuda_fast_math.cuh"
+#endif
 
 #ifdef __CUDACC__
 #define OPENTE_ACT_HD __host__ __device__
@@ -68,38 +71,21 @@ OPENTE_ACT_HD inline float act_sub(float a, float b) {
 #endif
 }
 
-#ifdef __CUDA_ARCH__
-// 2^x and 1/x in one special-function instruction each (ex2.approx.ftz: 2 ulp;
-// rcp.approx.ftz: 1 ulp), where __expf and __fdividef compile (without -ftz) to the
-// same two instructions plus several that handle subnormal operands, which these
-// formulas never need: 2^x is added to 1, and 1 / (1 + 2^x) is below 2^-126 only
-// where 1 + 2^x passes 2^126, where it is flushed to 0 (as __fdividef returns 0).
-__device__ __forceinline__ float act_ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ float act_rcp(float x) {
-  float y;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-#endif
-
 constexpr float kLog2E = 1.4426950408889634f;
 
-// 1 / (1 + exp(-x)). On the GPU 1 / (1 + 2^(-x log2 e)) from act_ex2 and act_rcp
+// 1 / (1 + exp(-x)). On the GPU 1 / (1 + 2^(-x log2 e)) from fast_exp2 and fast_rcp
 // (2 + |x| ulp for the exponential, 1 for the reciprocal), well inside the bounds the
-// tests derive. The accurate expf and the IEEE division cost about 25 instructions an
-// element, and made the gelu and silu kernels compute-bound (on an H100 a bf16 -> FP8
-// kernel reached 68-76% of copy bandwidth with them, 85-95% with __expf and
-// __fdividef); on an H200, whose copy is 1.4x the H100's, gelu -> FP8 went from 78% of
-// a same-bytes copy with __expf and __fdividef to 94% with these. Where 1 + exp(-x)
-// passes 2^126 (x below -87.3) the quotient is 0: sigmoid(x) is below 2^-126 there.
+// tests derive; their flushed subnormals never matter here (2^x is added to 1). The
+// accurate expf and the IEEE division cost about 25 instructions an element, and made
+// the gelu and silu kernels compute-bound (on an H100 a bf16 -> FP8 kernel reached
+// 68-76% of copy bandwidth with them, 85-95% with __expf and __fdividef); on an H200,
+// whose copy is 1.4x the H100's, gelu -> FP8 went from 78% of a same-bytes copy with
+// __expf and __fdividef to 94% with these. Where 1 + exp(-x) passes 2^126 (x below
+// -87.3) the quotient is flushed to 0 (as __fdividef returned 0): sigmoid(x) is below
+// 2^-126 there.
 OPENTE_ACT_HD inline float act_sigmoid(float x) {
 #ifdef __CUDA_ARCH__
-  return act_rcp(act_add(1.0f, act_ex2(act_mul(-kLog2E, x))));
+  return fast_rcp(act_add(1.0f, fast_exp2(act_mul(-kLog2E, x))));
 #else
   return 1.0f / act_add(1.0f, expf(-x));
 #endif
@@ -117,7 +103,7 @@ constexpr float kGeluExp2B = kGeluExp2A * kGeluC;
 OPENTE_ACT_HD inline float gelu_sigmoid(float x) {
 #ifdef __CUDA_ARCH__
   const float z = act_mul(x, __fmaf_rn(kGeluExp2B, act_mul(x, x), kGeluExp2A));
-  return act_rcp(act_add(1.0f, act_ex2(z)));
+  return fast_rcp(act_add(1.0f, fast_exp2(z)));
 #else
   const float x3 = act_mul(act_mul(act_mul(kGeluC, x), x), x);
   return act_sigmoid(act_mul(2.0f * kGeluK, act_add(x, x3)));

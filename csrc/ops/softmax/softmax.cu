@@ -30,6 +30,7 @@
 #include <type_traits>
 
 #include "common/cuda_elements.cuh"
+#include "common/cuda_fast_math.cuh"
 #include "common/cuda_utils.h"
 #include "common/dtype.h"
 #include "ops/softmax/softmax_params.h"
@@ -179,17 +180,10 @@ __device__ __forceinline__ float row_reduce(float v, Op op, float* scratch) {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kMaskedLogit2 = kMaskedLogit * kLog2e;
 
-// 2^t as ex2.approx.ftz: exp2f compiles (without -ftz) to the same MUFU.EX2 plus
-// instructions that scale subnormal results (without them these kernels' SASS is 16-704
-// instructions shorter), which this flushes to 0 instead: y = 2^t / sum then differs
-// from the reference by less than 2^-126, inside the tests' bound. The forward kinds
-// were bound by instruction issue (H100: the masked forward 90% -> 96% of a same-bytes
-// copy with this).
-__device__ __forceinline__ float exp2_ftz(float t) {
-  float e;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(t));
-  return e;
-}
+// 2^t as fast_exp2 (common/cuda_fast_math.cuh), where exp2f's subnormal scaling made
+// these kernels' SASS 16-704 instructions longer: y = 2^t / sum then differs from the
+// reference by less than 2^-126, inside the tests' bound. The forward kinds were bound by
+// instruction issue (H100: the masked forward 90% -> 96% of a same-bytes copy with it).
 
 // The row stays in registers as loaded (16 registers for 32 bf16 elements), and
 // each of the three passes (max, sum, store) converts it again: keeping the fp32
@@ -248,9 +242,9 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
     }
     m = row_reduce(m, MaxOp{}, scratch[0]);
     if (tail_counts && kept < sk) m = fmaxf(m, kMaskedLogit2);
-    const float masked_e = exp2_ftz(kMaskedLogit2 - m);  // exp of a masked position's logit
+    const float masked_e = fast_exp2(kMaskedLogit2 - m);  // exp of a masked position's logit
     auto exp_at = [&](const Packed<T, kV>& xk, const Packed<uint8_t, kV>& mk, int i) {
-      const float e = exp2_ftz(fmaf(element(xk, i), scale2, -m));
+      const float e = fast_exp2(fmaf(element(xk, i), scale2, -m));
       if constexpr (kExplicitMask) return mask_set(mk, i) ? masked_e : e;
       return e;
     };
