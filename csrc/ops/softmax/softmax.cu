@@ -319,10 +319,10 @@ struct MaxSum {
 __device__ __forceinline__ void add_logit(MaxSum& t, float z) {
   if (z > t.m) {
     // +inf as the new max: the reference's exp(inf - inf) makes the row NaN
-    t.s = t.s * expf(t.m - z) + (z == INFINITY ? NAN : 1.0f);
+    t.s = t.s * fast_exp2((t.m - z) * kLog2e) + (z == INFINITY ? NAN : 1.0f);
     t.m = z;
   } else if (z != -INFINITY) {  // -inf adds nothing (and must not meet a -inf max)
-    t.s += expf(z - t.m);
+    t.s += fast_exp2((z - t.m) * kLog2e);
   }
 }
 
@@ -330,7 +330,7 @@ __device__ __forceinline__ void add_logit(MaxSum& t, float z) {
 __device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
   const float m = fmaxf(a.m, b.m);
   if (m == -INFINITY) return {m, a.s + b.s};
-  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+  return {m, a.s * fast_exp2((a.m - m) * kLog2e) + b.s * fast_exp2((b.m - m) * kLog2e)};
 }
 
 // MaxSum over the block (one row per block); alternate `slot` between calls.
@@ -375,7 +375,7 @@ __global__ void __launch_bounds__(kLongRowThreads) softmax_fwd_long_rows_kernel(
     t = block_reduce(t, scratch_m, scratch_s, slot);
     if (tail_counts && kept < sk) {
       const float m = fmaxf(t.m, kMaskedLogit);
-      t.s = t.s * expf(t.m - m) + float(sk - kept) * expf(kMaskedLogit - m);
+      t.s = t.s * fast_exp2((t.m - m) * kLog2e) + float(sk - kept) * fast_exp2((kMaskedLogit - m) * kLog2e);
       t.m = m;
     }
     const bool zero_row = kExplicitMask && t.m == kMaskedLogit;
@@ -389,7 +389,7 @@ __global__ void __launch_bounds__(kLongRowThreads) softmax_fwd_long_rows_kernel(
         if constexpr (kExplicitMask) mv = load_packed<uint8_t, kV>(mask + c);
 #pragma unroll
         for (int i = 0; i < kV; ++i) {
-          const float e = expf(logit<T, kV, kExplicitMask>(xv, mv, i, p.scale) - t.m);
+          const float e = fast_exp2((logit<T, kV, kExplicitMask>(xv, mv, i, p.scale) - t.m) * kLog2e);
           out[i] = c + i < kept ? e * inv_sum : 0.0f;
         }
       }
