@@ -476,6 +476,31 @@ def test_large_logits_cuda(kind, dtype, device, gen):
 
 
 @pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("sk", [2048, 40000], ids=lambda s: f"sk{s}")  # the rows kernel, the long-row kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_fwd_special_logits_cuda(dtype, sk, device, gen):
+    """Logits the running max must not mishandle: -inf ones give 0 and leave the row's
+    others as torch's softmax has them; a +inf or a NaN makes its row NaN, and so does a
+    row of -inf only (torch's exp(-inf - -inf)); rows after them are unaffected."""
+    x = make_x((1, 1, 6, sk), dtype, 2.0, gen)
+    x[0, 0, 0, [0, 5, sk // 2, sk - 1]] = -math.inf
+    x[0, 0, 1, sk // 3] = math.inf
+    x[0, 0, 2, 7] = math.nan
+    x[0, 0, 3] = -math.inf
+    x[0, 0, 4, : sk - 9] = -math.inf  # the last vector's logits alone
+    got = core_fwd("scaled", x.cuda(), None, 1.5, torch.empty_like(x, device="cuda")).cpu().double()
+    ref = torch.softmax(x.double() * f32(1.5), -1)
+    assert torch.equal(got.isnan(), ref.isnan()) and got[0, 0, 1:4].isnan().all()
+    finite = ~ref.isnan()
+    # the forward's bound (the module docstring) with A over the finite logits, twice for CUDA,
+    # plus the output dtype's rounding
+    a = (x.double() * f32(1.5)).abs()[x.isfinite()].max().item()
+    rtol = 4 * (8 * a + sk + 4) * 2.0**-24 + (0 if dtype == torch.float32 else 2.0**-8)
+    assert torch.allclose(got[finite], ref[finite], rtol=rtol, atol=2.0**-125)
+    assert (got[0, 0, 0, [0, 5, sk // 2, sk - 1]] == 0).all() and (got[0, 0, 4, : sk - 9] == 0).all()
+
+
+@pytest.mark.parametrize("device", CUDA)
 @pytest.mark.parametrize("sk", LARGE_SK, ids=lambda s: f"sk{s}")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("kind", KINDS)

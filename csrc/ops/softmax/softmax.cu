@@ -9,7 +9,8 @@
 // G < 128. That covers sk up to 512 x 8 x 8 = 32768 for 16-bit types in 16-byte
 // vectors (16384 for fp32), 512 x 16 = 8192 element by element. Longer rows take
 // the long-row kernels: one block of 512 threads per row, an online max and sum
-// in one pass over the row and a second pass that writes.
+// in one pass over the row (rescaled once a vector: add_logits) and a second pass
+// that writes; both take e^t as 2^(t log2 e) (fast_exp2).
 //
 // kV = 16 / sizeof(T) (16-byte loads and stores) when sk is a multiple of it and
 // the buffers are 16-byte aligned (the mask kV-byte aligned); kV = 1 otherwise.
@@ -316,14 +317,26 @@ struct MaxSum {
   float s;
 };
 
-__device__ __forceinline__ void add_logit(MaxSum& t, float z) {
-  if (z > t.m) {
-    // +inf as the new max: the reference's exp(inf - inf) makes the row NaN
-    t.s = t.s * fast_exp2((t.m - z) * kLog2e) + (z == INFINITY ? NAN : 1.0f);
-    t.m = z;
-  } else if (z != -INFINITY) {  // -inf adds nothing (and must not meet a -inf max)
-    t.s += fast_exp2((z - t.m) * kLog2e);
-  }
+// Adds a vector's logits z[0..kV) (-inf for those past the kept prefix): the running sum is
+// rescaled once to the new max, then each logit adds e^(z - max) with no branch. One
+// logit at a time, each behind a test of the running max (a divergent branch an element),
+// the forward was 2-3% slower at sk 65536 and 8-10% at 131072 (H100, bench_softmax.py). A
+// -inf max (every logit so far -inf) takes 0 in its place, so that no -inf - -inf makes a
+// NaN; a +inf logit makes the row NaN through inf - inf, as the reference's exp(inf - inf)
+// does; a NaN logit, through its own term (test_fwd_special_logits_cuda).
+template <int kV>
+__device__ __forceinline__ void add_logits(MaxSum& t, const float (&z)[kV]) {
+  float m = t.m;
+#pragma unroll
+  for (int i = 0; i < kV; ++i) m = fmaxf(m, z[i]);
+  // z - max before the multiply by log2 e, as the output pass takes it: folded into one
+  // FFMA the max's own rounding in log2 units (an ulp of 2^13 near a max of -10000) would
+  // scale the sum against y
+  const float m_or_0 = m == -INFINITY ? 0.0f : m;
+  float s = t.s * fast_exp2((t.m - m_or_0) * kLog2e);
+#pragma unroll
+  for (int i = 0; i < kV; ++i) s += fast_exp2((z[i] - m_or_0) * kLog2e);
+  t = MaxSum{m, s};
 }
 
 // Commutes bit for bit, so butterfly partners agree.
@@ -367,10 +380,10 @@ __global__ void __launch_bounds__(kLongRowThreads) softmax_fwd_long_rows_kernel(
     for (int64_t c = int64_t(threadIdx.x) * kV; c < kept; c += stride) {
       const Packed<T, kV> xv = load_packed<T, kV>(x + c);
       if constexpr (kExplicitMask) mv = load_packed<uint8_t, kV>(mask + c);
+      float z[kV];
 #pragma unroll
-      for (int i = 0; i < kV; ++i) {
-        if (c + i < kept) add_logit(t, logit<T, kV, kExplicitMask>(xv, mv, i, p.scale));
-      }
+      for (int i = 0; i < kV; ++i) z[i] = c + i < kept ? logit<T, kV, kExplicitMask>(xv, mv, i, p.scale) : -INFINITY;
+      add_logits(t, z);
     }
     t = block_reduce(t, scratch_m, scratch_s, slot);
     if (tail_counts && kept < sk) {
