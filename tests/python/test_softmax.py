@@ -487,7 +487,7 @@ def test_fwd_special_logits_cuda(dtype, sk, device, gen):
     x[0, 0, 1, sk // 3] = math.inf
     x[0, 0, 2, 7] = math.nan
     x[0, 0, 3] = -math.inf
-    x[0, 0, 4, : sk - 9] = -math.inf  # the last vector's logits alone
+    x[0, 0, 4, : sk - 9] = -math.inf  # only its last nine logits finite: -inf maxima until then
     got = core_fwd("scaled", x.cuda(), None, 1.5, torch.empty_like(x, device="cuda")).cpu().double()
     ref = torch.softmax(x.double() * f32(1.5), -1)
     assert torch.equal(got.isnan(), ref.isnan()) and got[0, 0, 1:4].isnan().all()
