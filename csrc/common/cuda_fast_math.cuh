@@ -9,11 +9,16 @@
 
 namespace opente {
 
+constexpr float kLog2e = 1.4426950408889634f;  // log2(e): e^x = 2^(x log2 e)
+
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
+
+// e^x as 2^(x log2 e): the multiply's rounding moves the result by |x| ulp at most
+__device__ __forceinline__ float fast_exp(float x) { return fast_exp2(x * kLog2e); }
 
 __device__ __forceinline__ float fast_rcp(float x) {
   float y;

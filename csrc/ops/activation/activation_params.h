@@ -71,8 +71,6 @@ OPENTE_ACT_HD inline float act_sub(float a, float b) {
 #endif
 }
 
-constexpr float kLog2E = 1.4426950408889634f;
-
 // 1 / (1 + exp(-x)). On the GPU 1 / (1 + 2^(-x log2 e)) from fast_exp2 and fast_rcp
 // (2 + |x| ulp for the exponential, 1 for the reciprocal), well inside the bounds the
 // tests derive; their flushed subnormals never matter here (2^x is added to 1). The
@@ -85,7 +83,7 @@ constexpr float kLog2E = 1.4426950408889634f;
 // 2^-126 there.
 OPENTE_ACT_HD inline float act_sigmoid(float x) {
 #ifdef __CUDA_ARCH__
-  return fast_rcp(act_add(1.0f, fast_exp2(act_mul(-kLog2E, x))));
+  return fast_rcp(act_add(1.0f, fast_exp2(act_mul(-kLog2e, x))));
 #else
   return 1.0f / act_add(1.0f, expf(-x));
 #endif
@@ -97,8 +95,10 @@ OPENTE_ACT_HD inline float act_sigmoid(float x) {
 // constants folded (a = -2 sqrt(2/pi) log2 e, b = 0.044715 a): x^2, one fused
 // multiply-add and a multiply where the host's form takes five operations (the gelu
 // kernels are bound by instruction issue on an H200).
-constexpr float kGeluExp2A = -2.0f * kGeluK * kLog2E;
+#ifdef __CUDACC__
+constexpr float kGeluExp2A = -2.0f * kGeluK * kLog2e;  // kLog2e: common/cuda_fast_math.cuh
 constexpr float kGeluExp2B = kGeluExp2A * kGeluC;
+#endif
 
 OPENTE_ACT_HD inline float gelu_sigmoid(float x) {
 #ifdef __CUDA_ARCH__

@@ -178,7 +178,6 @@ __device__ __forceinline__ float row_reduce(float v, Op op, float* scratch) {
 // exp2 is one MUFU.EX2 (accurate expf is several instructions), and the exponent
 // x * (scale log2 e) - max is one FMA. Its rounding, |t| 2^-24 relative, is of the
 // order of the reference's own rounding of scale * x (tests/python/test_softmax.py).
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kMaskedLogit2 = kMaskedLogit * kLog2e;
 
 // 2^t as fast_exp2 (common/cuda_fast_math.cuh), where exp2f's subnormal scaling made
@@ -333,9 +332,9 @@ __device__ __forceinline__ void add_logits(MaxSum& t, const float (&z)[kV]) {
   // FFMA the max's own rounding in log2 units (an ulp of 2^13 near a max of -10000) would
   // scale the sum against y
   const float m_or_0 = m == -INFINITY ? 0.0f : m;
-  float s = t.s * fast_exp2((t.m - m_or_0) * kLog2e);
+  float s = t.s * fast_exp(t.m - m_or_0);
 #pragma unroll
-  for (int i = 0; i < kV; ++i) s += fast_exp2((z[i] - m_or_0) * kLog2e);
+  for (int i = 0; i < kV; ++i) s += fast_exp(z[i] - m_or_0);
   t = MaxSum{m, s};
 }
 
@@ -343,7 +342,7 @@ __device__ __forceinline__ void add_logits(MaxSum& t, const float (&z)[kV]) {
 __device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
   const float m = fmaxf(a.m, b.m);
   if (m == -INFINITY) return {m, a.s + b.s};
-  return {m, a.s * fast_exp2((a.m - m) * kLog2e) + b.s * fast_exp2((b.m - m) * kLog2e)};
+  return {m, a.s * fast_exp(a.m - m) + b.s * fast_exp(b.m - m)};
 }
 
 // MaxSum over the block (one row per block); alternate `slot` between calls.
@@ -388,7 +387,7 @@ __global__ void __launch_bounds__(kLongRowThreads) softmax_fwd_long_rows_kernel(
     t = block_reduce(t, scratch_m, scratch_s, slot);
     if (tail_counts && kept < sk) {
       const float m = fmaxf(t.m, kMaskedLogit);
-      t.s = t.s * fast_exp2((t.m - m) * kLog2e) + float(sk - kept) * fast_exp2((kMaskedLogit - m) * kLog2e);
+      t.s = t.s * fast_exp(t.m - m) + float(sk - kept) * fast_exp(kMaskedLogit - m);
       t.m = m;
     }
     const bool zero_row = kExplicitMask && t.m == kMaskedLogit;
@@ -402,7 +401,7 @@ __global__ void __launch_bounds__(kLongRowThreads) softmax_fwd_long_rows_kernel(
         if constexpr (kExplicitMask) mv = load_packed<uint8_t, kV>(mask + c);
 #pragma unroll
         for (int i = 0; i < kV; ++i) {
-          const float e = fast_exp2((logit<T, kV, kExplicitMask>(xv, mv, i, p.scale) - t.m) * kLog2e);
+          const float e = fast_exp(logit<T, kV, kExplicitMask>(xv, mv, i, p.scale) - t.m);
           out[i] = c + i < kept ? e * inv_sum : 0.0f;
         }
       }
