@@ -36,11 +36,9 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <map>
-#include <mutex>
-#include <tuple>
 #include <type_traits>
 
+#include "common/cuda_cluster_launch.h"
 #include "common/cuda_dependent_launch.cuh"
 #include "common/cuda_utils.h"
 #include "common/dtype.h"
@@ -266,40 +264,6 @@ __global__ void __launch_bounds__(form_max_threads(kForm), form_min_blocks(kForm
       }
     }
   }
-}
-
-// A launch of `grid` blocks of `threads` in clusters of `blocks`; `attribute` holds the
-// cluster shape the config points to.
-cudaLaunchConfig_t cluster_launch_config(int64_t grid, int threads, size_t smem, cudaStream_t stream, int blocks,
-                                         cudaLaunchAttribute& attribute) {
-  attribute = cudaLaunchAttribute{};
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = unsigned(blocks), attribute.val.clusterDim.y = 1, attribute.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(grid));
-  config.blockDim = dim3(unsigned(threads));
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  return config;
-}
-
-// How many of `kernel`'s blocks of `threads` threads and `smem` bytes of dynamic shared
-// memory can run at once as clusters of `blocks` (cached: a host query, not free).
-int max_active_clusters(const void* kernel, int threads, size_t smem, int blocks, int device) {
-  static std::mutex mutex;
-  static std::map<std::tuple<int, const void*, int, size_t, int>, int> cache;
-  std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_tuple(device, kernel, threads, smem, blocks);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  cudaLaunchAttribute attribute;
-  const cudaLaunchConfig_t config = cluster_launch_config(blocks, threads, smem, nullptr, blocks, attribute);
-  int clusters = 0;
-  cuda_check(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config), "cudaOccupancyMaxActiveClusters(norm)");
-  cache.emplace(key, clusters);
-  return clusters;
 }
 
 // Blocks a cluster: 2 (pairs) for LayerNorm where the partial rows weigh: at most
