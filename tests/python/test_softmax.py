@@ -439,9 +439,11 @@ def check_cuda_bwd(kind, dtype, lead, sk, scale, gen, misalign=False):
 
 
 # sk values for every layout: scalar (odd), 16-byte vectors of 2, 4 and 8 a thread in
-# sub-warp, warp and multi-warp groups, and the long-row kernels.
+# sub-warp, warp and multi-warp groups; rows split over clusters of 2 to 8 blocks (sm_90:
+# 20001 and 40001 element by element, 40000 and 131072 in vectors); and the long-row
+# kernels (70001 element by element, 270000 in vectors).
 SMALL_SK = [1, 3, 8, 17, 64, 128, 257, 1000, 2048]
-LARGE_SK = [4096, 4099, 8200, 16384, 20000, 20001, 40000]
+LARGE_SK = [4096, 4099, 8200, 16384, 20000, 20001, 40000, 40001, 131072, 70001, 270000]
 
 
 @pytest.mark.parametrize("device", CUDA)
@@ -476,7 +478,8 @@ def test_large_logits_cuda(kind, dtype, device, gen):
 
 
 @pytest.mark.parametrize("device", CUDA)
-@pytest.mark.parametrize("sk", [2048, 40000], ids=lambda s: f"sk{s}")  # the rows kernel, the long-row kernel
+# the rows kernel, one split over clusters (sm_90), the long-row kernel
+@pytest.mark.parametrize("sk", [2048, 40000, 270000], ids=lambda s: f"sk{s}")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_fwd_special_logits_cuda(dtype, sk, device, gen):
     """Logits the running max must not mishandle: -inf ones give 0 and leave the row's
@@ -512,6 +515,9 @@ def test_fwd_bwd_cuda_large(kind, dtype, sk, device, gen):
 
 @pytest.mark.parametrize("device", CUDA)
 def test_many_rows_cuda_large(device, gen):
-    """Many rows: thousands of blocks, warp and sub-warp rows (16 rows a block at sk = 96)."""
+    """Many rows: thousands of blocks, warp and sub-warp rows (16 rows a block at sk = 96),
+    and a backward split over clusters (sm_90: two blocks a row at sk = 65536; the masked
+    forward keeps the long-row kernel)."""
     check_cuda_bwd("aligned_causal", torch.bfloat16, (2, 16, 512), 512, 0.125, gen)
     check_cuda_bwd("masked", torch.float16, (3, 8, 256), 96, 1.0, gen)
+    check_cuda_bwd("masked", torch.bfloat16, (2, 4, 16), 65536, 1.0, gen)

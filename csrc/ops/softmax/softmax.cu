@@ -7,10 +7,16 @@
 // contiguous. The max and the sum are warp shuffles, plus one exchange through
 // shared memory when a row spans several warps. Blocks hold 128 / G rows when
 // G < 128. That covers sk up to 512 x 8 x 8 = 32768 for 16-bit types in 16-byte
-// vectors (16384 for fp32), 512 x 16 = 8192 element by element. Longer rows take
-// the long-row kernels: one block of 512 threads per row, an online max and sum
-// in one pass over the row (rescaled once a vector: add_logits) and a second pass
-// that writes; both take e^t as 2^(t log2 e) (fast_exp2).
+// vectors (16384 for fp32), 512 x 16 = 8192 element by element. On sm_90 a longer
+// row is split over a thread block cluster of P <= kMaxRowParts blocks of G <= 512
+// threads (kSplit), each holding every P-th run of G vectors, and the blocks' maxima
+// and sums meet once in distributed shared memory: the row is still read once, up to
+// 262144 16-bit elements (not for the explicit mask's forward nor the upper-
+// triangular backward: see launch_fwd, launch_bwd). Rows longer still, and GPUs
+// before sm_90, take the long-row kernels: one block of 512 threads per row, an
+// online max and sum in one pass over the row (rescaled once a vector: add_logits)
+// and a second pass that reads the row again and writes; both take e^t as
+// 2^(t log2 e) (fast_exp2).
 //
 // kV = 16 / sizeof(T) (16-byte loads and stores) when sk is a multiple of it and
 // the buffers are 16-byte aligned (the mask kV-byte aligned); kV = 1 otherwise.
@@ -25,11 +31,13 @@
 // In-place backward (grad_input == grad_output): every thread reads all of its
 // elements of dy before the row's reduction and writes dx only at those same
 // positions after it, so no thread overwrites what another still has to read.
+#include <cooperative_groups.h>
 #include <math.h>
 
 #include <algorithm>
 #include <type_traits>
 
+#include "common/cuda_cluster_launch.h"
 #include "common/cuda_elements.cuh"
 #include "common/cuda_fast_math.cuh"
 #include "common/cuda_utils.h"
@@ -46,6 +54,8 @@ constexpr int kMinBlockThreads = 128;
 constexpr int kLongRowThreads = 512;
 // At most 512 / 32 warps meet in a block-wide reduction.
 constexpr int kMaxWarps = kMaxThreadsPerRow / 32;
+// Blocks a row may be split over (kSplit): the portable cluster size.
+constexpr int kMaxRowParts = 8;
 
 // Vectors per thread in the row kernels, smallest first: a row of `units`
 // vectors takes the first count that fits it in one warp, else the last one with
@@ -172,6 +182,58 @@ __device__ __forceinline__ float row_reduce(float v, Op op, float* scratch) {
   return v;
 }
 
+// This block's part of its rows (kSplit: the block's rank in its cluster, and the
+// cluster's size); the whole rows otherwise.
+struct RowPart {
+  int index;
+  int count;
+};
+
+template <bool kSplit>
+__device__ __forceinline__ RowPart row_part() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (kSplit) {
+    const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    return {int(cluster.block_rank()), int(cluster.num_blocks())};
+  }
+#endif
+  return {0, 1};
+}
+
+// Every block's `value` (the same in every thread of the block) to the lanes of each
+// warp: lane b gets block b's, lanes past the cluster's blocks get `none`; the caller
+// combines them by a butterfly over the warp (every lane of every block then holds the
+// same bits). Every thread of every block of the cluster calls it, a block holding one
+// row. `exchange` is a __shared__ slot: consecutive calls use different ones, which
+// lets each call get by with one cluster barrier (a block writes a slot again only past
+// the next call's barrier, which every block reaches after it has read this one). A
+// block calls leave_cluster() before it exits, so none frees its shared memory while
+// another still reads it.
+template <class V>
+__device__ __forceinline__ V cluster_exchange(V value, V* exchange, V none) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  if (threadIdx.x == 0) *exchange = value;
+  cluster.sync();  // every block's value written and visible across the cluster
+  const unsigned lane = threadIdx.x % 32;
+  return lane < cluster.num_blocks() ? *cluster.map_shared_rank(exchange, lane) : none;
+#else
+  return value;
+#endif
+}
+
+__device__ __forceinline__ void leave_cluster() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::this_cluster().sync();
+#endif
+}
+
+template <class Op>
+__device__ __forceinline__ float warp_butterfly(float v, Op op) {
+  for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
 // ---- forward: rows in registers ------------------------------------------------------------
 
 // The row kernels work in base 2: t = x * scale * log2(e), y = exp2(t - max t) / sum.
@@ -198,16 +260,26 @@ constexpr float kMaskedLogit2 = kMaskedLogit * kLog2e;
 // recomputation, 86% with kExpOnce at 4 vectors a thread; the masked kind 49% ->
 // 66%). The causal kinds skip the exponentials of their masked tail, and there the
 // extra registers cost more than the saved exponentials (72% -> 66%): they recompute.
-template <class T, int kV, int kN, bool kExplicitMask, bool kExpOnce>
+//
+// kSplit: launched in clusters of P blocks, the P blocks on one row at a time (see the
+// top of the file), their vectors interleaved (block r's thread t holds vectors r G + t
+// + k P G, so the blocks share a causal row's kept prefix evenly). Each block takes its
+// max and its sum of exponentials relative to it, the blocks exchange the pairs once
+// (as the long-row kernel's MaxSum), and each scales its exponentials to the row's.
+template <class T, int kV, int kN, bool kExplicitMask, bool kExpOnce, bool kSplit>
 __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(SoftmaxFwdParams p) {
   __shared__ float scratch[2][kMaxWarps];
-  // In-row indices are ints: these rows hold at most kMaxThreadsPerRow * kN * kV elements.
+  [[maybe_unused]] __shared__ float2 exchange[2];  // kSplit: alternate rows' (max, sum)
+  // In-row indices are ints: a row holds at most kMaxRowParts * kMaxThreadsPerRow * kN * kV elements.
   const int sk = int(p.sk);
-  const int first = threadIdx.x * kV, stride = blockDim.x * kV;  // element k of a thread: first + k * stride
+  const RowPart part = row_part<kSplit>();
+  // element k of a thread: first + k * stride
+  const int first = threadIdx.x * kV + part.index * blockDim.x * kV, stride = blockDim.x * kV * part.count;
   const int64_t row_groups = (p.rows + blockDim.y - 1) / blockDim.y;
   const bool tail_counts = softmax_tail_counts(p.kind);
   const float scale2 = p.scale * kLog2e;
-  for (int64_t g = blockIdx.x; g < row_groups; g += gridDim.x) {
+  int slot = 0;
+  for (int64_t g = blockIdx.x / part.count; g < row_groups; g += gridDim.x / part.count, slot ^= 1) {
     const int64_t row = g * blockDim.y + threadIdx.y;
     const bool valid = row < p.rows;
     // Rows past the end load nothing but still join the block's reductions.
@@ -242,7 +314,11 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
     }
     m = row_reduce(m, MaxOp{}, scratch[0]);
     if (tail_counts && kept < sk) m = fmaxf(m, kMaskedLogit2);
-    const float masked_e = fast_exp2(kMaskedLogit2 - m);  // exp of a masked position's logit
+    // kSplit: the block's max. Where it is -inf (every logit of the block's share), its
+    // exponentials take 0 in its place, so that they are 0, not -inf - -inf = NaN.
+    [[maybe_unused]] const float block_max = m;
+    if constexpr (kSplit) m = m == -INFINITY ? 0.0f : m;
+    float masked_e = fast_exp2(kMaskedLogit2 - m);  // exp of a masked position's logit
     auto exp_at = [&](const Packed<T, kV>& xk, const Packed<uint8_t, kV>& mk, int i) {
       const float e = fast_exp2(fmaf(element(xk, i), scale2, -m));
       if constexpr (kExplicitMask) return mask_set(mk, i) ? masked_e : e;
@@ -270,10 +346,19 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
       }
     }
     sum = row_reduce(sum, SumOp{}, scratch[1]);
+    [[maybe_unused]] float block_scale = 1.0f;  // kSplit: this block's exponentials to the row's
+    if constexpr (kSplit) {
+      const float2 pair = cluster_exchange(make_float2(block_max, sum), &exchange[slot], make_float2(-INFINITY, 0.0f));
+      m = warp_butterfly(pair.x, MaxOp{});  // the row's max
+      sum = warp_butterfly(m == -INFINITY ? pair.y : pair.y * fast_exp2(pair.x - m), SumOp{});
+      block_scale = block_max == -INFINITY && m != -INFINITY ? 0.0f : fast_exp2(block_max - m);
+      masked_e = fast_exp2(kMaskedLogit2 - m);
+    }
     if (tail_counts && kept < sk) sum += float(sk - kept) * masked_e;
     // Transformer Engine's rule: a masked-softmax row whose max is the masked logit is zeros.
     const bool zero_row = kExplicitMask && m == kMaskedLogit2;
     const float inv_sum = 1.0f / sum;
+    [[maybe_unused]] const float kept_exp_scale = block_scale * inv_sum;  // kSplit, kExpOnce
 
     if (valid) {
       T* y = static_cast<T*>(p.output) + row * sk + first;  // this thread's first vector
@@ -288,7 +373,9 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
           float out[kV] = {};
           if constexpr (kExpOnce) {
 #pragma unroll
-            for (int i = 0; i < kV; ++i) out[i] = zero_row ? 0.0f : kept_exp[k][i] * inv_sum;
+            for (int i = 0; i < kV; ++i) {
+              out[i] = zero_row ? 0.0f : kept_exp[k][i] * (kSplit ? kept_exp_scale : inv_sum);
+            }
           } else if (left > 0) {
 #pragma unroll
             for (int i = 0; i < kV; ++i) out[i] = i < left ? exp_at(xv[k], mv[k], i) * inv_sum : 0.0f;
@@ -298,6 +385,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
       }
     }
   }
+  if constexpr (kSplit) leave_cluster();
 }
 
 // ---- forward: long rows ----------------------------------------------------------------------
@@ -412,14 +500,18 @@ __global__ void __launch_bounds__(kLongRowThreads) softmax_fwd_long_rows_kernel(
 
 // ---- backward ---------------------------------------------------------------------------------
 
-template <class T, int kV, int kN>
+// kSplit: a row over a cluster's blocks, their vectors interleaved as in the forward.
+template <class T, int kV, int kN, bool kSplit>
 __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_bwd_rows_kernel(SoftmaxBwdParams p) {
   __shared__ float scratch[2][kMaxWarps];
+  [[maybe_unused]] __shared__ float exchange[2];  // kSplit: alternate rows' dots
   const int sk = int(p.sk);
-  const int first = threadIdx.x * kV, stride = blockDim.x * kV;  // element k of a thread: first + k * stride
+  const RowPart part = row_part<kSplit>();
+  // element k of a thread: first + k * stride
+  const int first = threadIdx.x * kV + part.index * blockDim.x * kV, stride = blockDim.x * kV * part.count;
   const int64_t row_groups = (p.rows + blockDim.y - 1) / blockDim.y;
   int slot = 0;
-  for (int64_t g = blockIdx.x; g < row_groups; g += gridDim.x, slot ^= 1) {
+  for (int64_t g = blockIdx.x / part.count; g < row_groups; g += gridDim.x / part.count, slot ^= 1) {
     const int64_t row = g * blockDim.y + threadIdx.y;
     const bool valid = row < p.rows;
     const int kept = valid ? int(softmax_kept_prefix(p.kind, row, p.sq, sk)) : 0;
@@ -444,6 +536,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_bwd_rows_kernel(Sof
       for (int i = 0; i < kV; ++i) dot += i < left ? element(dyv[k], i) * element(yv[k], i) : 0.0f;
     }
     dot = row_reduce(dot, SumOp{}, scratch[slot]);
+    if constexpr (kSplit) dot = warp_butterfly(cluster_exchange(dot, &exchange[slot], 0.0f), SumOp{});
 
     if (valid) {
       T* dx = static_cast<T*>(p.grad_input) + offset;  // may be dy
@@ -464,6 +557,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_bwd_rows_kernel(Sof
       }
     }
   }
+  if constexpr (kSplit) leave_cluster();
 }
 
 template <class T, int kV>
@@ -509,7 +603,8 @@ __global__ void __launch_bounds__(kLongRowThreads) softmax_bwd_long_rows_kernel(
 struct RowPlan {
   bool long_rows;       // the long-row kernels; the fields below are for the row kernels
   int per_thread;       // kN: vectors a thread holds
-  int threads_per_row;  // G: a power of two in [1, kMaxThreadsPerRow]
+  int threads_per_row;  // G: a power of two in [1, kMaxThreadsPerRow]; split: whole warps
+  int parts;            // blocks a row: > 1 splits it over a cluster (kSplit)
 };
 
 int64_t next_pow2(int64_t n) {
@@ -521,26 +616,49 @@ int64_t next_pow2(int64_t n) {
 // A row of `units` vectors takes the first per-thread count that fits it into
 // one warp (sub-warp groups for short rows, so no lanes idle; a whole warp with 8
 // vectors a thread at sk = 2048 bf16), else the largest count and as many warps
-// as needed, else the long-row kernels.
+// as needed, else (`split`: clusters launch here) the largest count on the fewest
+// blocks (up to kMaxRowParts) of at most kMaxThreadsPerRow threads, and in them the
+// fewest whole warps that hold the row, else the long-row kernels. (With 512 threads
+// a block at sk = 40000 bf16, 39% of the registers held no vector and the upper-
+// triangular kind ran 15-20% slower than the long-row kernel, H100.)
 template <size_t kCounts>
-RowPlan plan_rows(int64_t units, const int (&counts)[kCounts]) {
+RowPlan plan_rows(int64_t units, const int (&counts)[kCounts], bool split) {
   for (int n : counts) {
-    if (units <= 32 * int64_t(n)) return {false, n, int(next_pow2((units + n - 1) / n))};
+    if (units <= 32 * int64_t(n)) return {false, n, int(next_pow2((units + n - 1) / n)), 1};
   }
   const int n = counts[kCounts - 1];
   const int64_t group = next_pow2((units + n - 1) / n);
-  if (group <= kMaxThreadsPerRow) return {false, n, int(group)};
-  return {true, 0, kLongRowThreads};
+  if (group <= kMaxThreadsPerRow) return {false, n, int(group), 1};
+  const int64_t block_units = int64_t(kMaxThreadsPerRow) * n;
+  const int64_t parts = (units + block_units - 1) / block_units;
+  // at least 8 (a split row has more than kMaxThreadsPerRow * n units): blockDim.y = 1
+  const int64_t warps = (units + parts * n * 32 - 1) / (parts * n * 32);
+  if (split && parts <= kMaxRowParts) return {false, n, int(32 * warps), int(parts)};
+  return {true, 0, kLongRowThreads, 1};
 }
 
 // Blocks of G x max(1, 128 / G) threads, one row per threadIdx.y; the grid
-// strides over the row groups beyond 2^31 - 1 blocks.
-template <class Kernel, class Params>
-void launch_rows(Kernel kernel, const RowPlan& plan, const Params& p, cudaStream_t stream, const char* name) {
+// strides over the row groups beyond 2^31 - 1 blocks. A split plan launches
+// `parts` blocks a row in clusters of `parts` (kernel: its kSplit form), and
+// returns false, launching nothing, where the GPU cannot run such a cluster (a
+// partitioned context): the caller then takes the long-row kernel.
+template <class Params>
+bool launch_rows(void (*kernel)(Params), const RowPlan& plan, const Params& p, int device, cudaStream_t stream,
+                 const char* name) {
   const dim3 block(unsigned(plan.threads_per_row), unsigned(std::max(1, kMinBlockThreads / plan.threads_per_row)));
   const int64_t row_groups = (p.rows + block.y - 1) / block.y;
-  kernel<<<unsigned(std::min<int64_t>(row_groups, INT32_MAX)), block, 0, stream>>>(p);
-  check_launch(name);
+  if (plan.parts == 1) {
+    kernel<<<unsigned(std::min<int64_t>(row_groups, INT32_MAX)), block, 0, stream>>>(p);
+    check_launch(name);
+    return true;
+  }
+  const void* fn = reinterpret_cast<const void*>(kernel);
+  if (max_active_clusters(fn, plan.threads_per_row, 0, plan.parts, device) == 0) return false;
+  const int64_t grid = std::min<int64_t>(row_groups, INT32_MAX / plan.parts) * plan.parts;
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config = cluster_launch_config(grid, plan.threads_per_row, 0, stream, plan.parts, attribute);
+  cuda_check(cudaLaunchKernelEx(&config, kernel, p), name);
+  return true;
 }
 
 template <class Kernel, class Params>
@@ -553,55 +671,97 @@ void launch_long_rows(Kernel kernel, const Params& p, cudaStream_t stream, const
 // exponentials (4 x kV registers a vector) leave room for enough warps.
 constexpr int kExpOnceCounts[] = {2, 4};
 
-template <class T, int kV, bool kExplicitMask>
-void launch_fwd(const SoftmaxFwdParams& p, cudaStream_t stream) {
+// Whether a plan of kN vectors a thread may be split: only the largest count of its
+// list (kExpOnceCounts, kScalarCounts, kVectorCounts) is, so only those have kSplit forms.
+template <int kV, int kN, bool kExpOnce>
+constexpr bool kSplits = kN == (kExpOnce ? 4 : (kV == 1 ? 16 : 8));
+
+// The row kernel of kN vectors a thread for `plan`: its kSplit form for a split plan.
+// Returns false where the split launch could not run (see launch_rows).
+template <class T, int kV, int kN, bool kExplicitMask, bool kExpOnce>
+bool launch_fwd_rows(const RowPlan& plan, const SoftmaxFwdParams& p, int device, cudaStream_t stream) {
   constexpr const char* kName = "softmax_fwd_rows_kernel";
-  const bool whole_rows = p.kind == SoftmaxKind::kPlain || p.kind == SoftmaxKind::kMasked;
-  if (kV > 1 && whole_rows) {
-    const RowPlan plan = plan_rows(p.sk / kV, kExpOnceCounts);
-    if (!plan.long_rows) {  // else the 8-vector kernels below still hold the row
-      if (plan.per_thread == 2) return launch_rows(softmax_fwd_rows_kernel<T, kV, 2, kExplicitMask, true>, plan, p, stream, kName);
-      return launch_rows(softmax_fwd_rows_kernel<T, kV, 4, kExplicitMask, true>, plan, p, stream, kName);
+  if constexpr (!kExplicitMask && kSplits<kV, kN, kExpOnce>) {  // launch_fwd: no masked splits
+    if (plan.parts > 1) {
+      return launch_rows(softmax_fwd_rows_kernel<T, kV, kN, kExplicitMask, kExpOnce, true>, plan, p, device, stream, kName);
     }
   }
-  const RowPlan plan = kV == 1 ? plan_rows(p.sk, kScalarCounts) : plan_rows(p.sk / kV, kVectorCounts);
-  if (plan.long_rows) {
-    launch_long_rows(softmax_fwd_long_rows_kernel<T, kV, kExplicitMask>, p, stream, "softmax_fwd_long_rows_kernel");
-    return;
-  }
-  switch (plan.per_thread) {
-    case 2: return launch_rows(softmax_fwd_rows_kernel<T, kV, 2, kExplicitMask, false>, plan, p, stream, kName);
-    case 4:
-      if constexpr (kV > 1) return launch_rows(softmax_fwd_rows_kernel<T, kV, 4, kExplicitMask, false>, plan, p, stream, kName);
-      break;
-    case 8: return launch_rows(softmax_fwd_rows_kernel<T, kV, 8, kExplicitMask, false>, plan, p, stream, kName);
-    case 16:
-      if constexpr (kV == 1) return launch_rows(softmax_fwd_rows_kernel<T, 1, 16, kExplicitMask, false>, plan, p, stream, kName);
-      break;
-  }
-  fail(TE_ERROR_INTERNAL, concat("softmax: no row kernel for ", plan.per_thread, " vectors a thread"));
+  return launch_rows(softmax_fwd_rows_kernel<T, kV, kN, kExplicitMask, kExpOnce, false>, plan, p, device, stream, kName);
 }
 
-template <class T, int kV>
-void launch_bwd(const SoftmaxBwdParams& p, cudaStream_t stream) {
-  const RowPlan plan = kV == 1 ? plan_rows(p.sk, kScalarCounts) : plan_rows(p.sk / kV, kVectorCounts);
-  if (plan.long_rows) {
-    launch_long_rows(softmax_bwd_long_rows_kernel<T, kV>, p, stream, "softmax_bwd_long_rows_kernel");
-    return;
+// The explicit mask's forward does not split its rows: its kernels (the mask's vectors
+// held too) took 80-105 registers split, one block an SM, and ran at 36-39% of a same-bytes
+// copy where the long-row kernel makes 58-69% (H100, bf16, sk 40000-131072).
+template <class T, int kV, bool kExplicitMask>
+void launch_fwd(const SoftmaxFwdParams& p, int device, bool split, cudaStream_t stream) {
+  split = split && !kExplicitMask;
+  const bool whole_rows = p.kind == SoftmaxKind::kPlain || p.kind == SoftmaxKind::kMasked;
+  if constexpr (kV > 1) {
+    if (whole_rows) {
+      const RowPlan plan = plan_rows(p.sk / kV, kExpOnceCounts, split);
+      if (!plan.long_rows) {  // else the 8-vector kernels below still hold the row
+        if (plan.per_thread == 2 && launch_fwd_rows<T, kV, 2, kExplicitMask, true>(plan, p, device, stream)) return;
+        if (plan.per_thread == 4 && launch_fwd_rows<T, kV, 4, kExplicitMask, true>(plan, p, device, stream)) return;
+        split = false;  // the clusters did not launch: nor will the 8-vector ones
+      }
+    }
   }
-  constexpr const char* kName = "softmax_bwd_rows_kernel";
-  switch (plan.per_thread) {
-    case 2: return launch_rows(softmax_bwd_rows_kernel<T, kV, 2>, plan, p, stream, kName);
-    case 4:
-      if constexpr (kV > 1) return launch_rows(softmax_bwd_rows_kernel<T, kV, 4>, plan, p, stream, kName);
-      break;
-    case 8: return launch_rows(softmax_bwd_rows_kernel<T, kV, 8>, plan, p, stream, kName);
-    case 16:
-      if constexpr (kV == 1) return launch_rows(softmax_bwd_rows_kernel<T, 1, 16>, plan, p, stream, kName);
-      break;
+  const RowPlan plan = kV == 1 ? plan_rows(p.sk, kScalarCounts, split) : plan_rows(p.sk / kV, kVectorCounts, split);
+  bool launched = false;
+  if (!plan.long_rows) {
+    switch (plan.per_thread) {
+      case 2: launched = launch_fwd_rows<T, kV, 2, kExplicitMask, false>(plan, p, device, stream); break;
+      case 4:
+        if constexpr (kV > 1) launched = launch_fwd_rows<T, kV, 4, kExplicitMask, false>(plan, p, device, stream);
+        break;
+      case 8: launched = launch_fwd_rows<T, kV, 8, kExplicitMask, false>(plan, p, device, stream); break;
+      case 16:
+        if constexpr (kV == 1) launched = launch_fwd_rows<T, 1, 16, kExplicitMask, false>(plan, p, device, stream);
+        break;
+      default: fail(TE_ERROR_INTERNAL, concat("softmax: no row kernel for ", plan.per_thread, " vectors a thread"));
+    }
   }
-  fail(TE_ERROR_INTERNAL, concat("softmax: no row kernel for ", plan.per_thread, " vectors a thread"));
+  if (!launched) {
+    launch_long_rows(softmax_fwd_long_rows_kernel<T, kV, kExplicitMask>, p, stream, "softmax_fwd_long_rows_kernel");
+  }
 }
+
+template <class T, int kV, int kN>
+bool launch_bwd_rows(const RowPlan& plan, const SoftmaxBwdParams& p, int device, cudaStream_t stream) {
+  constexpr const char* kName = "softmax_bwd_rows_kernel";
+  if constexpr (kSplits<kV, kN, false>) {
+    if (plan.parts > 1) return launch_rows(softmax_bwd_rows_kernel<T, kV, kN, true>, plan, p, device, stream, kName);
+  }
+  return launch_rows(softmax_bwd_rows_kernel<T, kV, kN, false>, plan, p, device, stream, kName);
+}
+
+// The upper-triangular kind's backward does not split its rows: its rows keep half their
+// length on average, and the split blocks' short lives cost more than the long-row
+// kernel's second read (H100, bf16: [1, 40000, 40000] 4072 us split against 3110, at
+// 65536 even), where the other kinds' split backward ran up to 1.32x as fast (sk 65536).
+template <class T, int kV>
+void launch_bwd(const SoftmaxBwdParams& p, int device, bool split, cudaStream_t stream) {
+  split = split && p.kind != SoftmaxKind::kUpperTriang;
+  const RowPlan plan = kV == 1 ? plan_rows(p.sk, kScalarCounts, split) : plan_rows(p.sk / kV, kVectorCounts, split);
+  bool launched = false;
+  if (!plan.long_rows) {
+    switch (plan.per_thread) {
+      case 2: launched = launch_bwd_rows<T, kV, 2>(plan, p, device, stream); break;
+      case 4:
+        if constexpr (kV > 1) launched = launch_bwd_rows<T, kV, 4>(plan, p, device, stream);
+        break;
+      case 8: launched = launch_bwd_rows<T, kV, 8>(plan, p, device, stream); break;
+      case 16:
+        if constexpr (kV == 1) launched = launch_bwd_rows<T, 1, 16>(plan, p, device, stream);
+        break;
+      default: fail(TE_ERROR_INTERNAL, concat("softmax: no row kernel for ", plan.per_thread, " vectors a thread"));
+    }
+  }
+  if (!launched) launch_long_rows(softmax_bwd_long_rows_kernel<T, kV>, p, stream, "softmax_bwd_long_rows_kernel");
+}
+
+// Whether rows too long for one block may be split over a cluster (sm_90 and later).
+bool split_rows(int device) { return compute_capability_major(device) >= 9; }
 
 }  // namespace
 
@@ -609,15 +769,16 @@ void softmax_fwd_cuda(const SoftmaxFwdParams& p, int device, void* stream) {
   DeviceGuard guard(device);
   const cudaStream_t s = as_stream(stream);
   const bool masked = p.kind == SoftmaxKind::kMasked;
+  const bool split = split_rows(device);
   dispatch_float_dtype(p.dtype, [&](auto tag) {
     using T = typename CudaType<decltype(tag)::value>::type;
     constexpr int kVec = 16 / sizeof(T);
     const bool vectorized = p.sk % kVec == 0 && is_aligned(p.input, 16) && is_aligned(p.output, 16) &&
                             (!masked || is_aligned(p.mask, kVec));
     if (masked) {
-      vectorized ? launch_fwd<T, kVec, true>(p, s) : launch_fwd<T, 1, true>(p, s);
+      vectorized ? launch_fwd<T, kVec, true>(p, device, split, s) : launch_fwd<T, 1, true>(p, device, split, s);
     } else {
-      vectorized ? launch_fwd<T, kVec, false>(p, s) : launch_fwd<T, 1, false>(p, s);
+      vectorized ? launch_fwd<T, kVec, false>(p, device, split, s) : launch_fwd<T, 1, false>(p, device, split, s);
     }
   });
 }
@@ -625,12 +786,13 @@ void softmax_fwd_cuda(const SoftmaxFwdParams& p, int device, void* stream) {
 void softmax_bwd_cuda(const SoftmaxBwdParams& p, int device, void* stream) {
   DeviceGuard guard(device);
   const cudaStream_t s = as_stream(stream);
+  const bool split = split_rows(device);
   dispatch_float_dtype(p.dtype, [&](auto tag) {
     using T = typename CudaType<decltype(tag)::value>::type;
     constexpr int kVec = 16 / sizeof(T);
     const bool vectorized = p.sk % kVec == 0 && is_aligned(p.grad_output, 16) &&
                             is_aligned(p.softmax_output, 16) && is_aligned(p.grad_input, 16);
-    vectorized ? launch_bwd<T, kVec>(p, s) : launch_bwd<T, 1>(p, s);
+    vectorized ? launch_bwd<T, kVec>(p, device, split, s) : launch_bwd<T, 1>(p, device, split, s);
   });
 }
 
