@@ -514,6 +514,15 @@ def test_fwd_bwd_cuda_large(kind, dtype, sk, device, gen):
 
 
 @pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("kind", ["upper_triang", "aligned_causal"])
+def test_causal_split_rows_cuda_large(kind, device, gen):
+    """Causal rows split over clusters (sm_90: sk 8195 element by element, two blocks a row)
+    from a kept prefix of one element to the whole row, so some blocks keep nothing: one
+    [8195, 8195] matrix (the upper-triangular backward keeps the long-row kernel)."""
+    check_cuda_bwd(kind, torch.bfloat16, (1, 1, 8195), 8195, 0.5, gen)
+
+
+@pytest.mark.parametrize("device", CUDA)
 def test_many_rows_cuda_large(device, gen):
     """Many rows: thousands of blocks, warp and sub-warp rows (16 rows a block at sk = 96),
     and a backward split over clusters (sm_90: two blocks a row at sk = 65536; the masked
