@@ -181,16 +181,16 @@ def test_enum_values():
 
 # ---- CUDA vs the CPU core ------------------------------------------------------------------
 #
-# The kernels compute the CPU reference's fp32 operations (no fused multiply-adds) but
-# for the exponential and the quotient (ex2.approx, rcp.approx) and gelu's exp(-2u),
-# whose argument they take with its constants folded (one fused multiply-add), so
-# results differ from the CPU core only there: float outputs within twice the
-# reference bound, and FP8 codes equal wherever the fp32 values (run with a float32
-# output on both devices) are equal, at most one code apart elsewhere. Shapes: flat vector path with tails (37 x 1024,
+# The kernels compute the CPU reference's fp32 operations (no fused multiply-adds) but for
+# the exponential and the quotient (ex2.approx, rcp.approx) and gelu's exp(-2u), whose
+# argument they take with its constants folded (one fused multiply-add), so results differ
+# from the CPU core only there: float outputs within twice the reference bound, and FP8
+# codes equal wherever the fp32 values (run with a float32 output on both devices) are
+# equal, at most one code apart elsewhere. Shapes: flat vector path with tails (37 x 1024,
 # 1000 x 1000), element-by-element paths (3 x 17: odd hidden; "unaligned": the input
-# starts one element past a 16-byte boundary) and, with the column-wise copy, the
-# tiled kernel's fast path (rows and H multiples of 8: 256 x 1024, 1000 x 1000 with
-# partial tiles) and its generic path (37 x 1024, 3 x 17).
+# starts one element past a 16-byte boundary) and, with the column-wise copy, the tiled
+# kernel's fast path (rows and H multiples of 8: 256 x 1024, 1000 x 1000 with partial
+# tiles) and its generic path (37 x 1024, 3 x 17).
 
 CUDA_SHAPES = {"37x1024": (37, 1024), "1000x1000": (1000, 1000), "256x1024": (256, 1024), "3x17": (3, 17),
                "unaligned": (5, 40)}

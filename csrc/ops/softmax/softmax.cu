@@ -683,10 +683,12 @@ bool launch_fwd_rows(const RowPlan& plan, const SoftmaxFwdParams& p, int device,
   constexpr const char* kName = "softmax_fwd_rows_kernel";
   if constexpr (!kExplicitMask && kSplits<kV, kN, kExpOnce>) {  // launch_fwd: no masked splits
     if (plan.parts > 1) {
-      return launch_rows(softmax_fwd_rows_kernel<T, kV, kN, kExplicitMask, kExpOnce, true>, plan, p, device, stream, kName);
+      return launch_rows(softmax_fwd_rows_kernel<T, kV, kN, kExplicitMask, kExpOnce, true>, plan, p, device, stream,
+                         kName);
     }
   }
-  return launch_rows(softmax_fwd_rows_kernel<T, kV, kN, kExplicitMask, kExpOnce, false>, plan, p, device, stream, kName);
+  return launch_rows(softmax_fwd_rows_kernel<T, kV, kN, kExplicitMask, kExpOnce, false>, plan, p, device, stream,
+                     kName);
 }
 
 // The explicit mask's forward does not split its rows: its kernels (the mask's vectors
