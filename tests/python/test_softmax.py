@@ -525,8 +525,12 @@ def test_causal_split_rows_cuda_large(kind, device, gen):
 @pytest.mark.parametrize("device", CUDA)
 def test_many_rows_cuda_large(device, gen):
     """Many rows: thousands of blocks, warp and sub-warp rows (16 rows a block at sk = 96),
-    and a backward split over clusters (sm_90: two blocks a row at sk = 65536; the masked
-    forward keeps the long-row kernel)."""
+    and rows split over clusters (sm_90), more than the GPU holds at once, so that each
+    cluster strides over several: the backward at sk = 65536 (two blocks a row; the bf16
+    masked forward keeps the long-row kernel), the fp32 masked forward at 20000 (three
+    blocks), the causal forward element by element at 40001."""
     check_cuda_bwd("aligned_causal", torch.bfloat16, (2, 16, 512), 512, 0.125, gen)
     check_cuda_bwd("masked", torch.float16, (3, 8, 256), 96, 1.0, gen)
     check_cuda_bwd("masked", torch.bfloat16, (2, 4, 16), 65536, 1.0, gen)
+    check_cuda_bwd("masked", torch.float32, (2, 2, 64), 20000, 1.0, gen)
+    check_cuda_bwd("aligned_causal", torch.bfloat16, (1, 2, 128), 40001, 0.5, gen)

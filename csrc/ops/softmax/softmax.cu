@@ -11,8 +11,10 @@
 // row is split over a thread block cluster of P <= kMaxRowParts blocks of G <= 512
 // threads (kSplit), each holding every P-th run of G vectors, and the blocks' maxima
 // and sums meet once in distributed shared memory: the row is still read once, up to
-// 262144 16-bit elements (not for the explicit mask's forward nor the upper-
-// triangular backward: see launch_fwd, launch_bwd). Rows longer still, and GPUs
+// 262144 16-bit elements (not for the upper-triangular backward, nor the explicit
+// mask's forward but in fp32 vectors: see kSplits, launch_bwd).
+// A split launch starts only as many clusters as the GPU holds at once, which then
+// stride over the rows (see launch_rows). Rows longer still, and GPUs
 // before sm_90, take the long-row kernels: one block of 512 threads per row, an
 // online max and sum in one pass over the row (rescaled once a vector: add_logits)
 // and a second pass that reads the row again and writes; both take e^t as
@@ -639,9 +641,12 @@ RowPlan plan_rows(int64_t units, const int (&counts)[kCounts], bool split) {
 
 // Blocks of G x max(1, 128 / G) threads, one row per threadIdx.y; the grid
 // strides over the row groups beyond 2^31 - 1 blocks. A split plan launches
-// `parts` blocks a row in clusters of `parts` (kernel: its kSplit form), and
-// returns false, launching nothing, where the GPU cannot run such a cluster (a
-// partitioned context): the caller then takes the long-row kernel.
+// `parts` blocks a row in clusters of `parts` (kernel: its kSplit form), no more
+// clusters than the GPU holds at once, striding over the rows: a cluster a row
+// group, launched as the last ones ended, ran 8-17% slower (H100, bf16, sk 40000-
+// 131072: bench_softmax.py). It returns false, launching nothing, where the GPU
+// cannot run such a cluster (a partitioned context): the caller then takes the
+// long-row kernel.
 template <class Params>
 bool launch_rows(void (*kernel)(Params), const RowPlan& plan, const Params& p, int device, cudaStream_t stream,
                  const char* name) {
@@ -653,8 +658,9 @@ bool launch_rows(void (*kernel)(Params), const RowPlan& plan, const Params& p, i
     return true;
   }
   const void* fn = reinterpret_cast<const void*>(kernel);
-  if (max_active_clusters(fn, plan.threads_per_row, 0, plan.parts, device) == 0) return false;
-  const int64_t grid = std::min<int64_t>(row_groups, INT32_MAX / plan.parts) * plan.parts;
+  const int resident = max_active_clusters(fn, plan.threads_per_row, 0, plan.parts, device);
+  if (resident == 0) return false;
+  const int64_t grid = std::min<int64_t>(row_groups, resident) * plan.parts;
   cudaLaunchAttribute attribute;
   const cudaLaunchConfig_t config = cluster_launch_config(grid, plan.threads_per_row, 0, stream, plan.parts, attribute);
   cuda_check(cudaLaunchKernelEx(&config, kernel, p), name);
@@ -671,17 +677,24 @@ void launch_long_rows(Kernel kernel, const Params& p, cudaStream_t stream, const
 // exponentials (4 x kV registers a vector) leave room for enough warps.
 constexpr int kExpOnceCounts[] = {2, 4};
 
-// Whether a plan of kN vectors a thread may be split: only the largest count of its
-// list (kExpOnceCounts, kScalarCounts, kVectorCounts) is, so only those have kSplit forms.
-template <int kV, int kN, bool kExpOnce>
-constexpr bool kSplits = kN == (kExpOnce ? 4 : (kV == 1 ? 16 : 8));
+// Whether the row kernel of kN vectors a thread has a kSplit form: only the largest count
+// of its list (kExpOnceCounts, kScalarCounts, kVectorCounts) does, and of the explicit
+// mask's forward only the fp32 kExpOnce kernel (16 elements a thread, 64 registers):
+// 1.05-1.13x the long-row kernel (H100, [1, 16, 64, 20000 / 40000], [1, 8, 64, 65536]).
+// The 16-bit kExpOnce kernels (32 elements and their mask bytes a thread) took 80
+// registers split, a block an SM (64 and spills when bounded to two), and ran at 0.79x
+// ([1, 16, 64, 40000] bf16: 63.8 us against 50.3); the element-by-element one at
+// 0.84-0.90x ([1, 16, 64, 20001 / 40001] bf16).
+template <int kV, int kN, bool kExpOnce, bool kExplicitMask = false>
+constexpr bool kSplits =
+    kN == (kExpOnce ? 4 : (kV == 1 ? 16 : 8)) && (!kExplicitMask || (kExpOnce && kV * kN <= 16));
 
 // The row kernel of kN vectors a thread for `plan`: its kSplit form for a split plan.
 // Returns false where the split launch could not run (see launch_rows).
 template <class T, int kV, int kN, bool kExplicitMask, bool kExpOnce>
 bool launch_fwd_rows(const RowPlan& plan, const SoftmaxFwdParams& p, int device, cudaStream_t stream) {
   constexpr const char* kName = "softmax_fwd_rows_kernel";
-  if constexpr (!kExplicitMask && kSplits<kV, kN, kExpOnce>) {  // launch_fwd: no masked splits
+  if constexpr (kSplits<kV, kN, kExpOnce, kExplicitMask>) {
     if (plan.parts > 1) {
       return launch_rows(softmax_fwd_rows_kernel<T, kV, kN, kExplicitMask, kExpOnce, true>, plan, p, device, stream,
                          kName);
@@ -691,16 +704,14 @@ bool launch_fwd_rows(const RowPlan& plan, const SoftmaxFwdParams& p, int device,
                      kName);
 }
 
-// The explicit mask's forward does not split its rows: its kernels (the mask's vectors
-// held too) took 80-105 registers split, one block an SM, and ran at 36-39% of a same-bytes
-// copy where the long-row kernel makes 58-69% (H100, bf16, sk 40000-131072).
+// `split`: rows too long for a block may be split where the kernel that holds them has
+// a kSplit form (kSplits).
 template <class T, int kV, bool kExplicitMask>
 void launch_fwd(const SoftmaxFwdParams& p, int device, bool split, cudaStream_t stream) {
-  split = split && !kExplicitMask;
   const bool whole_rows = p.kind == SoftmaxKind::kPlain || p.kind == SoftmaxKind::kMasked;
   if constexpr (kV > 1) {
     if (whole_rows) {
-      const RowPlan plan = plan_rows(p.sk / kV, kExpOnceCounts, split);
+      const RowPlan plan = plan_rows(p.sk / kV, kExpOnceCounts, split && kSplits<kV, 4, true, kExplicitMask>);
       if (!plan.long_rows) {  // else the 8-vector kernels below still hold the row
         if (plan.per_thread == 2 && launch_fwd_rows<T, kV, 2, kExplicitMask, true>(plan, p, device, stream)) return;
         if (plan.per_thread == 4 && launch_fwd_rows<T, kV, 4, kExplicitMask, true>(plan, p, device, stream)) return;
@@ -708,7 +719,8 @@ void launch_fwd(const SoftmaxFwdParams& p, int device, bool split, cudaStream_t 
       }
     }
   }
-  const RowPlan plan = kV == 1 ? plan_rows(p.sk, kScalarCounts, split) : plan_rows(p.sk / kV, kVectorCounts, split);
+  const RowPlan plan = kV == 1 ? plan_rows(p.sk, kScalarCounts, split && kSplits<1, 16, false, kExplicitMask>)
+                               : plan_rows(p.sk / kV, kVectorCounts, split && kSplits<kV, 8, false, kExplicitMask>);
   bool launched = false;
   if (!plan.long_rows) {
     switch (plan.per_thread) {
