@@ -438,12 +438,13 @@ def check_cuda_bwd(kind, dtype, lead, sk, scale, gen, misalign=False):
         assert torch.equal(in_place, got)
 
 
-# sk values for every layout: scalar (odd), 16-byte vectors of 2, 4 and 8 a thread in
-# sub-warp, warp and multi-warp groups; rows split over clusters of 2 to 8 blocks (sm_90:
-# 20001 and 40001 element by element, 40000 and 131072 in vectors); and the long-row
-# kernels (70001 element by element, 270000 in vectors).
+# sk values for every layout: 16-byte vectors of 2, 4 and 8 a thread in sub-warp, warp
+# and multi-warp groups, for sk not a multiple of the vector too (odd: vectors shifted to
+# each row's start, the explicit mask's rows element by element); rows split over
+# clusters of 2 to 8 blocks (sm_90: 20001, 40001 and 70001 shifted, 40000 and 131072
+# aligned); and the long-row kernels (270000 in vectors, 270001 element by element).
 SMALL_SK = [1, 3, 8, 17, 64, 128, 257, 1000, 2048]
-LARGE_SK = [4096, 4099, 8200, 16384, 20000, 20001, 40000, 40001, 131072, 70001, 270000]
+LARGE_SK = [4096, 4099, 8200, 16384, 20000, 20001, 40000, 40001, 131072, 70001, 270000, 270001]
 
 
 @pytest.mark.parametrize("device", CUDA)
@@ -466,7 +467,7 @@ def test_bwd_cuda(kind, dtype, sk, device, gen):
 @pytest.mark.parametrize("sk", [64, 2048], ids=lambda s: f"sk{s}")
 @pytest.mark.parametrize("kind", KINDS)
 def test_misaligned_cuda(kind, sk, device, gen):
-    """Buffers off 16-byte alignment take the element-wise path."""
+    """Buffers off 16-byte alignment take the element-by-element path."""
     check_cuda_bwd(kind, torch.bfloat16, (1, 2, 3), sk, 1.0, gen, misalign=True)
 
 
@@ -528,7 +529,7 @@ def test_many_rows_cuda_large(device, gen):
     and rows split over clusters (sm_90), more than the GPU holds at once, so that each
     cluster strides over several: the backward at sk = 65536 (two blocks a row; the bf16
     masked forward keeps the long-row kernel), the fp32 masked forward at 20000 (three
-    blocks), the causal forward element by element at 40001."""
+    blocks), the causal rows at 40001 (vectors shifted to each row's start)."""
     check_cuda_bwd("aligned_causal", torch.bfloat16, (2, 16, 512), 512, 0.125, gen)
     check_cuda_bwd("masked", torch.float16, (3, 8, 256), 96, 1.0, gen)
     check_cuda_bwd("masked", torch.bfloat16, (2, 4, 16), 65536, 1.0, gen)

@@ -20,8 +20,10 @@
 // and a second pass that reads the row again and writes; both take e^t as
 // 2^(t log2 e) (fast_exp2).
 //
-// kV = 16 / sizeof(T) (16-byte loads and stores) when sk is a multiple of it and
-// the buffers are 16-byte aligned (the mask kV-byte aligned); kV = 1 otherwise.
+// kV = 16 / sizeof(T) (16-byte loads and stores) where the buffers are 16-byte aligned
+// (the mask kV-byte aligned): where sk is not a multiple of kV, the row kernels load each
+// row's vectors from the aligned address before its start (kShifted); kV = 1 otherwise,
+// and for the explicit mask's rows of such sk (its rows start at other shifts than x's).
 // The causal kinds load only the kept prefix of a row and store zeros past it.
 //
 // Registers (ptxas, sm_90a): at bf16 sk = 2048 the causal forward (a warp per
@@ -84,6 +86,50 @@ __device__ __forceinline__ Packed<T, kV> load_packed(const T* p) {
 template <class T, int kV>
 __device__ __forceinline__ void store_packed(T* p, const Packed<T, kV>& v) {
   *reinterpret_cast<Packed<T, kV>*>(p) = v;
+}
+
+// kShifted rows (see launch_fwd): elements [lo, hi) of the vector at p, one at a time;
+// the others are left zero (load) or untouched (store), as they belong to other rows or
+// lie past the buffer's end.
+template <class T, int kV>
+__device__ __forceinline__ Packed<T, kV> load_partial(const T* p, int lo, int hi) {
+  Packed<T, kV> v{};
+#pragma unroll
+  for (int i = 0; i < kV; ++i) {
+    if (i >= lo && i < hi) memcpy(reinterpret_cast<char*>(&v) + i * sizeof(T), p + i, sizeof(T));
+  }
+  return v;
+}
+
+template <class T, int kV>
+__device__ __forceinline__ void store_partial(T* p, const Packed<T, kV>& v, int lo, int hi) {
+#pragma unroll
+  for (int i = 0; i < kV; ++i) {
+    if (i >= lo && i < hi) memcpy(p + i, reinterpret_cast<const char*>(&v) + i * sizeof(T), sizeof(T));
+  }
+}
+
+// A shifted row's vector: whole, but at the end of the buffer (the last row's last
+// vector), where it loads only the row's elements.
+template <class T, int kV, bool kShifted>
+__device__ __forceinline__ Packed<T, kV> load_row_vector(const T* p, bool buffer_end, int hi) {
+  if constexpr (kShifted) {
+    if (buffer_end) return load_partial<T, kV>(p, 0, hi);
+  }
+  return load_packed<T, kV>(p);
+}
+
+// Stores a row's vector: whole, or for a shifted row's first and last vectors only the
+// row's elements [lo, hi).
+template <class T, int kV, bool kShifted>
+__device__ __forceinline__ void store_row_vector(T* p, const Packed<T, kV>& v, int lo, int hi) {
+  if constexpr (kShifted) {
+    if (lo > 0 || hi < kV) {
+      store_partial<T, kV>(p, v, lo, hi);
+      return;
+    }
+  }
+  store_packed<T, kV>(p, v);
 }
 
 // Element i as fp32.
@@ -268,8 +314,14 @@ constexpr float kMaskedLogit2 = kMaskedLogit * kLog2e;
 // + k P G, so the blocks share a causal row's kept prefix evenly). Each block takes its
 // max and its sum of exponentials relative to it, the blocks exchange the pairs once
 // (as the long-row kernel's MaxSum), and each scales its exponentials to the row's.
-template <class T, int kV, int kN, bool kExplicitMask, bool kExpOnce, bool kSplit>
+//
+// kShifted: sk is not a multiple of kV, so a row starts `shift` = (row sk) mod kV elements
+// into a 16-byte vector. Its vectors are loaded from that aligned address on (elements of
+// the neighbouring rows come along and are discarded) and its first and last vectors
+// stored element by element (see launch_fwd).
+template <class T, int kV, int kN, bool kExplicitMask, bool kExpOnce, bool kSplit, bool kShifted = false>
 __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(SoftmaxFwdParams p) {
+  static_assert(!(kShifted && kExplicitMask), "the mask's rows start at other shifts than x's");
   __shared__ float scratch[2][kMaxWarps];
   [[maybe_unused]] __shared__ float2 exchange[2];  // kSplit: alternate rows' (max, sum)
   // In-row indices are ints: a row holds at most kMaxRowParts * kMaxThreadsPerRow * kN * kV elements.
@@ -286,8 +338,19 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
     const bool valid = row < p.rows;
     // Rows past the end load nothing but still join the block's reductions.
     const int kept = valid ? int(softmax_kept_prefix(p.kind, row, p.sq, sk)) : 0;
-    const T* x = static_cast<const T*>(p.input) + (valid ? row * sk : 0) + first;  // this thread's first vector
+    // kShifted: in-row positions below count from the aligned address `shift` elements
+    // before the row; 0 otherwise. (Row 0 starts aligned: nothing is read before x.)
+    const int shift = kShifted && valid ? int((row * sk) % kV) : 0;
+    const bool last_row = kShifted && row == p.rows - 1;
+    const T* x = static_cast<const T*>(p.input) + (valid ? row * sk - shift : 0) + first;  // this thread's first vector
     const uint8_t* mask = kExplicitMask && valid ? p.mask + softmax_mask_row(p, row) * sk + first : nullptr;
+    // Whether element i of vector k is one of the row's kept ones, with left = kept +
+    // shift - (first + k stride) and lo = shift - (first + k stride) (kShifted: the
+    // positions before the row's start, in its first vector).
+    auto is_kept = [](int i, int left, [[maybe_unused]] int lo) {
+      if constexpr (kShifted) return i >= lo && i < left;
+      return i < left;
+    };
 
     // All loads first, so that each thread has kN vectors in flight. (Zeros where
     // nothing is loaded: the passes below convert every vector and discard those.)
@@ -295,8 +358,9 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
     Packed<uint8_t, kV> mv[kN] = {};
 #pragma unroll
     for (int k = 0; k < kN; ++k) {
-      if (first + k * stride < kept) {
-        xv[k] = load_packed<T, kV>(x + k * stride);
+      if (first + k * stride < kept + shift) {
+        xv[k] = load_row_vector<T, kV, kShifted>(x + k * stride, last_row && first + k * stride + kV > sk + shift,
+                                                 sk + shift - (first + k * stride));
         if constexpr (kExplicitMask) mv[k] = load_packed<uint8_t, kV>(mask + k * stride);
       }
     }
@@ -306,12 +370,12 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
     float m = -INFINITY;
 #pragma unroll
     for (int k = 0; k < kN; ++k) {
-      const int left = kept - (first + k * stride);  // kept elements from vector k on
+      const int left = kept + shift - (first + k * stride);  // kept elements from vector k on
 #pragma unroll
       for (int i = 0; i < kV; ++i) {
         float t = element(xv[k], i) * scale2;
         if constexpr (kExplicitMask) t = mask_set(mv[k], i) ? kMaskedLogit2 : t;
-        m = fmaxf(m, i < left ? t : -INFINITY);  // skips NaN; the sum still turns NaN
+        m = fmaxf(m, is_kept(i, left, shift - (first + k * stride)) ? t : -INFINITY);  // skips NaN; the sum turns NaN
       }
     }
     m = row_reduce(m, MaxOp{}, scratch[0]);
@@ -331,11 +395,11 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
     float kept_exp[kExpOnce ? kN : 1][kV];  // kExpOnce: the exponentials, for the store pass
 #pragma unroll
     for (int k = 0; k < kN; ++k) {
-      const int left = kept - (first + k * stride);
+      const int left = kept + shift - (first + k * stride), lo = shift - (first + k * stride);
       if constexpr (kExpOnce) {  // whole rows: every loaded element is kept
 #pragma unroll
         for (int i = 0; i < kV; ++i) {
-          kept_exp[k][i] = i < left ? exp_at(xv[k], mv[k], i) : 0.0f;
+          kept_exp[k][i] = is_kept(i, left, lo) ? exp_at(xv[k], mv[k], i) : 0.0f;
           sum += kept_exp[k][i];
         }
       } else {
@@ -343,7 +407,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
         if constexpr (kExplicitMask) launder(mv[k]);
         if (left > 0) {  // no exponentials for vectors wholly past the kept prefix (causal)
 #pragma unroll
-          for (int i = 0; i < kV; ++i) sum += i < left ? exp_at(xv[k], mv[k], i) : 0.0f;
+          for (int i = 0; i < kV; ++i) sum += is_kept(i, left, lo) ? exp_at(xv[k], mv[k], i) : 0.0f;
         }
       }
     }
@@ -363,15 +427,15 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
     [[maybe_unused]] const float kept_exp_scale = block_scale * inv_sum;  // kSplit, kExpOnce
 
     if (valid) {
-      T* y = static_cast<T*>(p.output) + row * sk + first;  // this thread's first vector
+      T* y = static_cast<T*>(p.output) + row * sk - shift + first;  // this thread's first vector
 #pragma unroll
       for (int k = 0; k < kN; ++k) {
-        if (first + k * stride < sk) {
+        if (first + k * stride < sk + shift) {
           if constexpr (!kExpOnce) {
             launder(xv[k]);
             if constexpr (kExplicitMask) launder(mv[k]);
           }
-          const int left = zero_row ? 0 : kept - (first + k * stride);
+          const int left = zero_row ? 0 : kept + shift - (first + k * stride), lo = shift - (first + k * stride);
           float out[kV] = {};
           if constexpr (kExpOnce) {
 #pragma unroll
@@ -380,9 +444,9 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
             }
           } else if (left > 0) {
 #pragma unroll
-            for (int i = 0; i < kV; ++i) out[i] = i < left ? exp_at(xv[k], mv[k], i) * inv_sum : 0.0f;
+            for (int i = 0; i < kV; ++i) out[i] = is_kept(i, left, lo) ? exp_at(xv[k], mv[k], i) * inv_sum : 0.0f;
           }
-          store_packed<T, kV>(y + k * stride, pack<T, kV>(out));
+          store_row_vector<T, kV, kShifted>(y + k * stride, pack<T, kV>(out), lo, sk + shift - (first + k * stride));
         }
       }
     }
@@ -503,7 +567,10 @@ __global__ void __launch_bounds__(kLongRowThreads) softmax_fwd_long_rows_kernel(
 // ---- backward ---------------------------------------------------------------------------------
 
 // kSplit: a row over a cluster's blocks, their vectors interleaved as in the forward.
-template <class T, int kV, int kN, bool kSplit>
+// kShifted: rows that start inside a 16-byte vector, as in the forward. In place, a
+// row's first and last vectors are read whole by the neighbouring row's threads too,
+// which discard the elements that are not theirs, while they may be written.
+template <class T, int kV, int kN, bool kSplit, bool kShifted = false>
 __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_bwd_rows_kernel(SoftmaxBwdParams p) {
   __shared__ float scratch[2][kMaxWarps];
   [[maybe_unused]] __shared__ float exchange[2];  // kSplit: alternate rows' dots
@@ -517,25 +584,35 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_bwd_rows_kernel(Sof
     const int64_t row = g * blockDim.y + threadIdx.y;
     const bool valid = row < p.rows;
     const int kept = valid ? int(softmax_kept_prefix(p.kind, row, p.sq, sk)) : 0;
-    const int64_t offset = (valid ? row * sk : 0) + first;
+    const int shift = kShifted && valid ? int((row * sk) % kV) : 0;  // as in the forward
+    const bool last_row = kShifted && row == p.rows - 1;
+    const int64_t offset = (valid ? row * sk - shift : 0) + first;
     const T* dy = static_cast<const T*>(p.grad_output) + offset;
     const T* y = static_cast<const T*>(p.softmax_output) + offset;
+    auto is_kept = [](int i, int left, [[maybe_unused]] int lo) {
+      if constexpr (kShifted) return i >= lo && i < left;
+      return i < left;
+    };
 
     // Held packed (half the registers of fp32 for 16-bit types), converted twice.
     Packed<T, kV> dyv[kN] = {}, yv[kN] = {};
 #pragma unroll
     for (int k = 0; k < kN; ++k) {
-      if (first + k * stride < kept) {
-        dyv[k] = load_packed<T, kV>(dy + k * stride);
-        yv[k] = load_packed<T, kV>(y + k * stride);
+      if (first + k * stride < kept + shift) {
+        const bool buffer_end = last_row && first + k * stride + kV > sk + shift;
+        const int hi = sk + shift - (first + k * stride);
+        dyv[k] = load_row_vector<T, kV, kShifted>(dy + k * stride, buffer_end, hi);
+        yv[k] = load_row_vector<T, kV, kShifted>(y + k * stride, buffer_end, hi);
       }
     }
     float dot = 0.0f;  // selects, not branches (see the forward)
 #pragma unroll
     for (int k = 0; k < kN; ++k) {
-      const int left = kept - (first + k * stride);  // kept elements from vector k on
+      const int left = kept + shift - (first + k * stride);  // kept elements from vector k on
 #pragma unroll
-      for (int i = 0; i < kV; ++i) dot += i < left ? element(dyv[k], i) * element(yv[k], i) : 0.0f;
+      for (int i = 0; i < kV; ++i) {
+        dot += is_kept(i, left, shift - (first + k * stride)) ? element(dyv[k], i) * element(yv[k], i) : 0.0f;
+      }
     }
     dot = row_reduce(dot, SumOp{}, scratch[slot]);
     if constexpr (kSplit) dot = warp_butterfly(cluster_exchange(dot, &exchange[slot], 0.0f), SumOp{});
@@ -544,17 +621,17 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_bwd_rows_kernel(Sof
       T* dx = static_cast<T*>(p.grad_input) + offset;  // may be dy
 #pragma unroll
       for (int k = 0; k < kN; ++k) {
-        if (first + k * stride < sk) {
+        if (first + k * stride < sk + shift) {
           launder(dyv[k]);
           launder(yv[k]);
-          const int left = kept - (first + k * stride);
+          const int left = kept + shift - (first + k * stride), lo = shift - (first + k * stride);
           float out[kV];
 #pragma unroll
           for (int i = 0; i < kV; ++i) {
             const float yi = element(yv[k], i);
-            out[i] = i < left ? p.scale * (element(dyv[k], i) * yi - yi * dot) : 0.0f;
+            out[i] = is_kept(i, left, lo) ? p.scale * (element(dyv[k], i) * yi - yi * dot) : 0.0f;
           }
-          store_packed<T, kV>(dx + k * stride, pack<T, kV>(out));
+          store_row_vector<T, kV, kShifted>(dx + k * stride, pack<T, kV>(out), lo, sk + shift - (first + k * stride));
         }
       }
     }
@@ -691,87 +768,110 @@ constexpr bool kSplits =
 
 // The row kernel of kN vectors a thread for `plan`: its kSplit form for a split plan.
 // Returns false where the split launch could not run (see launch_rows).
-template <class T, int kV, int kN, bool kExplicitMask, bool kExpOnce>
+template <class T, int kV, int kN, bool kExplicitMask, bool kExpOnce, bool kShifted>
 bool launch_fwd_rows(const RowPlan& plan, const SoftmaxFwdParams& p, int device, cudaStream_t stream) {
   constexpr const char* kName = "softmax_fwd_rows_kernel";
   if constexpr (kSplits<kV, kN, kExpOnce, kExplicitMask>) {
     if (plan.parts > 1) {
-      return launch_rows(softmax_fwd_rows_kernel<T, kV, kN, kExplicitMask, kExpOnce, true>, plan, p, device, stream,
-                         kName);
+      return launch_rows(softmax_fwd_rows_kernel<T, kV, kN, kExplicitMask, kExpOnce, true, kShifted>, plan, p, device,
+                         stream, kName);
     }
   }
-  return launch_rows(softmax_fwd_rows_kernel<T, kV, kN, kExplicitMask, kExpOnce, false>, plan, p, device, stream,
-                     kName);
+  return launch_rows(softmax_fwd_rows_kernel<T, kV, kN, kExplicitMask, kExpOnce, false, kShifted>, plan, p, device,
+                     stream, kName);
+}
+
+// The vectors a row of sk elements spans: kShifted, from the aligned address up to kV - 1
+// elements before it.
+template <int kV, bool kShifted>
+int64_t row_units(int64_t sk) {
+  return kShifted ? (sk + 2 * (kV - 1)) / kV : sk / kV;
 }
 
 // `split`: rows too long for a block may be split where the kernel that holds them has
-// a kSplit form (kSplits).
-template <class T, int kV, bool kExplicitMask>
+// a kSplit form (kSplits). kShifted rows too long for the row kernels take the long-row
+// kernel element by element.
+template <class T, int kV, bool kExplicitMask, bool kShifted = false>
 void launch_fwd(const SoftmaxFwdParams& p, int device, bool split, cudaStream_t stream) {
   const bool whole_rows = p.kind == SoftmaxKind::kPlain || p.kind == SoftmaxKind::kMasked;
+  const int64_t units = row_units<kV, kShifted>(p.sk);
   if constexpr (kV > 1) {
     if (whole_rows) {
-      const RowPlan plan = plan_rows(p.sk / kV, kExpOnceCounts, split && kSplits<kV, 4, true, kExplicitMask>);
+      const RowPlan plan = plan_rows(units, kExpOnceCounts, split && kSplits<kV, 4, true, kExplicitMask>);
       if (!plan.long_rows) {  // else the 8-vector kernels below still hold the row
-        if (plan.per_thread == 2 && launch_fwd_rows<T, kV, 2, kExplicitMask, true>(plan, p, device, stream)) return;
-        if (plan.per_thread == 4 && launch_fwd_rows<T, kV, 4, kExplicitMask, true>(plan, p, device, stream)) return;
+        if (plan.per_thread == 2 && launch_fwd_rows<T, kV, 2, kExplicitMask, true, kShifted>(plan, p, device, stream)) {
+          return;
+        }
+        if (plan.per_thread == 4 && launch_fwd_rows<T, kV, 4, kExplicitMask, true, kShifted>(plan, p, device, stream)) {
+          return;
+        }
         split = false;  // the clusters did not launch: nor will the 8-vector ones
       }
     }
   }
   const RowPlan plan = kV == 1 ? plan_rows(p.sk, kScalarCounts, split && kSplits<1, 16, false, kExplicitMask>)
-                               : plan_rows(p.sk / kV, kVectorCounts, split && kSplits<kV, 8, false, kExplicitMask>);
+                               : plan_rows(units, kVectorCounts, split && kSplits<kV, 8, false, kExplicitMask>);
   bool launched = false;
   if (!plan.long_rows) {
     switch (plan.per_thread) {
-      case 2: launched = launch_fwd_rows<T, kV, 2, kExplicitMask, false>(plan, p, device, stream); break;
+      case 2: launched = launch_fwd_rows<T, kV, 2, kExplicitMask, false, kShifted>(plan, p, device, stream); break;
       case 4:
-        if constexpr (kV > 1) launched = launch_fwd_rows<T, kV, 4, kExplicitMask, false>(plan, p, device, stream);
+        if constexpr (kV > 1) {
+          launched = launch_fwd_rows<T, kV, 4, kExplicitMask, false, kShifted>(plan, p, device, stream);
+        }
         break;
-      case 8: launched = launch_fwd_rows<T, kV, 8, kExplicitMask, false>(plan, p, device, stream); break;
+      case 8: launched = launch_fwd_rows<T, kV, 8, kExplicitMask, false, kShifted>(plan, p, device, stream); break;
       case 16:
-        if constexpr (kV == 1) launched = launch_fwd_rows<T, 1, 16, kExplicitMask, false>(plan, p, device, stream);
+        if constexpr (kV == 1) {
+          launched = launch_fwd_rows<T, 1, 16, kExplicitMask, false, kShifted>(plan, p, device, stream);
+        }
         break;
       default: fail(TE_ERROR_INTERNAL, concat("softmax: no row kernel for ", plan.per_thread, " vectors a thread"));
     }
   }
   if (!launched) {
-    launch_long_rows(softmax_fwd_long_rows_kernel<T, kV, kExplicitMask>, p, stream, "softmax_fwd_long_rows_kernel");
+    launch_long_rows(softmax_fwd_long_rows_kernel<T, kShifted ? 1 : kV, kExplicitMask>, p, stream,
+                     "softmax_fwd_long_rows_kernel");
   }
 }
 
-template <class T, int kV, int kN>
+template <class T, int kV, int kN, bool kShifted>
 bool launch_bwd_rows(const RowPlan& plan, const SoftmaxBwdParams& p, int device, cudaStream_t stream) {
   constexpr const char* kName = "softmax_bwd_rows_kernel";
   if constexpr (kSplits<kV, kN, false>) {
-    if (plan.parts > 1) return launch_rows(softmax_bwd_rows_kernel<T, kV, kN, true>, plan, p, device, stream, kName);
+    if (plan.parts > 1) {
+      return launch_rows(softmax_bwd_rows_kernel<T, kV, kN, true, kShifted>, plan, p, device, stream, kName);
+    }
   }
-  return launch_rows(softmax_bwd_rows_kernel<T, kV, kN, false>, plan, p, device, stream, kName);
+  return launch_rows(softmax_bwd_rows_kernel<T, kV, kN, false, kShifted>, plan, p, device, stream, kName);
 }
 
 // The upper-triangular kind's backward does not split its rows: its rows keep half their
 // length on average, and the split blocks' short lives cost more than the long-row
 // kernel's second read (H100, bf16: [1, 40000, 40000] 4072 us split against 3110, at
 // 65536 even), where the other kinds' split backward ran up to 1.32x as fast (sk 65536).
-template <class T, int kV>
+template <class T, int kV, bool kShifted = false>
 void launch_bwd(const SoftmaxBwdParams& p, int device, bool split, cudaStream_t stream) {
   split = split && p.kind != SoftmaxKind::kUpperTriang;
-  const RowPlan plan = kV == 1 ? plan_rows(p.sk, kScalarCounts, split) : plan_rows(p.sk / kV, kVectorCounts, split);
+  const RowPlan plan =
+      kV == 1 ? plan_rows(p.sk, kScalarCounts, split) : plan_rows(row_units<kV, kShifted>(p.sk), kVectorCounts, split);
   bool launched = false;
   if (!plan.long_rows) {
     switch (plan.per_thread) {
-      case 2: launched = launch_bwd_rows<T, kV, 2>(plan, p, device, stream); break;
+      case 2: launched = launch_bwd_rows<T, kV, 2, kShifted>(plan, p, device, stream); break;
       case 4:
-        if constexpr (kV > 1) launched = launch_bwd_rows<T, kV, 4>(plan, p, device, stream);
+        if constexpr (kV > 1) launched = launch_bwd_rows<T, kV, 4, kShifted>(plan, p, device, stream);
         break;
-      case 8: launched = launch_bwd_rows<T, kV, 8>(plan, p, device, stream); break;
+      case 8: launched = launch_bwd_rows<T, kV, 8, kShifted>(plan, p, device, stream); break;
       case 16:
-        if constexpr (kV == 1) launched = launch_bwd_rows<T, 1, 16>(plan, p, device, stream);
+        if constexpr (kV == 1) launched = launch_bwd_rows<T, 1, 16, kShifted>(plan, p, device, stream);
         break;
       default: fail(TE_ERROR_INTERNAL, concat("softmax: no row kernel for ", plan.per_thread, " vectors a thread"));
     }
   }
-  if (!launched) launch_long_rows(softmax_bwd_long_rows_kernel<T, kV>, p, stream, "softmax_bwd_long_rows_kernel");
+  if (!launched) {
+    launch_long_rows(softmax_bwd_long_rows_kernel<T, kShifted ? 1 : kV>, p, stream, "softmax_bwd_long_rows_kernel");
+  }
 }
 
 // Whether rows too long for one block may be split over a cluster (sm_90 and later).
@@ -787,12 +887,15 @@ void softmax_fwd_cuda(const SoftmaxFwdParams& p, int device, void* stream) {
   dispatch_float_dtype(p.dtype, [&](auto tag) {
     using T = typename CudaType<decltype(tag)::value>::type;
     constexpr int kVec = 16 / sizeof(T);
-    const bool vectorized = p.sk % kVec == 0 && is_aligned(p.input, 16) && is_aligned(p.output, 16) &&
-                            (!masked || is_aligned(p.mask, kVec));
+    const bool aligned = is_aligned(p.input, 16) && is_aligned(p.output, 16);
     if (masked) {
+      const bool vectorized = p.sk % kVec == 0 && aligned && is_aligned(p.mask, kVec);
       vectorized ? launch_fwd<T, kVec, true>(p, device, split, s) : launch_fwd<T, 1, true>(p, device, split, s);
+    } else if (aligned) {  // rows of other lengths: vectors shifted to each row's start
+      p.sk % kVec == 0 ? launch_fwd<T, kVec, false>(p, device, split, s)
+                       : launch_fwd<T, kVec, false, true>(p, device, split, s);
     } else {
-      vectorized ? launch_fwd<T, kVec, false>(p, device, split, s) : launch_fwd<T, 1, false>(p, device, split, s);
+      launch_fwd<T, 1, false>(p, device, split, s);
     }
   });
 }
@@ -804,9 +907,13 @@ void softmax_bwd_cuda(const SoftmaxBwdParams& p, int device, void* stream) {
   dispatch_float_dtype(p.dtype, [&](auto tag) {
     using T = typename CudaType<decltype(tag)::value>::type;
     constexpr int kVec = 16 / sizeof(T);
-    const bool vectorized = p.sk % kVec == 0 && is_aligned(p.grad_output, 16) &&
-                            is_aligned(p.softmax_output, 16) && is_aligned(p.grad_input, 16);
-    vectorized ? launch_bwd<T, kVec>(p, device, split, s) : launch_bwd<T, 1>(p, device, split, s);
+    const bool aligned =
+        is_aligned(p.grad_output, 16) && is_aligned(p.softmax_output, 16) && is_aligned(p.grad_input, 16);
+    if (!aligned) {
+      launch_bwd<T, 1>(p, device, split, s);
+    } else {  // rows of other lengths: vectors shifted to each row's start
+      p.sk % kVec == 0 ? launch_bwd<T, kVec>(p, device, split, s) : launch_bwd<T, kVec, true>(p, device, split, s);
+    }
   });
 }
 
