@@ -132,6 +132,15 @@ __device__ __forceinline__ void store_row_vector(T* p, const Packed<T, kV>& v, i
   store_packed<T, kV>(p, v);
 }
 
+// Whether element i of a row's vector k is one of its kept elements, with left = kept +
+// shift - (first + k stride) and lo = shift - (first + k stride) (kShifted: lo > 0 for the
+// positions before the row's start, in its first vector).
+template <bool kShifted>
+__device__ __forceinline__ bool is_kept(int i, int left, [[maybe_unused]] int lo) {
+  if constexpr (kShifted) return i >= lo && i < left;
+  return i < left;
+}
+
 // Element i as fp32.
 template <class T, int kV>
 __device__ __forceinline__ float element(const Packed<T, kV>& x, int i) {
@@ -344,13 +353,6 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
     const bool last_row = kShifted && row == p.rows - 1;
     const T* x = static_cast<const T*>(p.input) + (valid ? row * sk - shift : 0) + first;  // this thread's first vector
     const uint8_t* mask = kExplicitMask && valid ? p.mask + softmax_mask_row(p, row) * sk + first : nullptr;
-    // Whether element i of vector k is one of the row's kept ones, with left = kept +
-    // shift - (first + k stride) and lo = shift - (first + k stride) (kShifted: the
-    // positions before the row's start, in its first vector).
-    auto is_kept = [](int i, int left, [[maybe_unused]] int lo) {
-      if constexpr (kShifted) return i >= lo && i < left;
-      return i < left;
-    };
 
     // All loads first, so that each thread has kN vectors in flight. (Zeros where
     // nothing is loaded: the passes below convert every vector and discard those.)
@@ -375,7 +377,8 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
       for (int i = 0; i < kV; ++i) {
         float t = element(xv[k], i) * scale2;
         if constexpr (kExplicitMask) t = mask_set(mv[k], i) ? kMaskedLogit2 : t;
-        m = fmaxf(m, is_kept(i, left, shift - (first + k * stride)) ? t : -INFINITY);  // skips NaN; the sum turns NaN
+        // skips NaN; the sum still turns NaN
+        m = fmaxf(m, is_kept<kShifted>(i, left, shift - (first + k * stride)) ? t : -INFINITY);
       }
     }
     m = row_reduce(m, MaxOp{}, scratch[0]);
@@ -399,7 +402,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
       if constexpr (kExpOnce) {  // whole rows: every loaded element is kept
 #pragma unroll
         for (int i = 0; i < kV; ++i) {
-          kept_exp[k][i] = is_kept(i, left, lo) ? exp_at(xv[k], mv[k], i) : 0.0f;
+          kept_exp[k][i] = is_kept<kShifted>(i, left, lo) ? exp_at(xv[k], mv[k], i) : 0.0f;
           sum += kept_exp[k][i];
         }
       } else {
@@ -407,7 +410,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
         if constexpr (kExplicitMask) launder(mv[k]);
         if (left > 0) {  // no exponentials for vectors wholly past the kept prefix (causal)
 #pragma unroll
-          for (int i = 0; i < kV; ++i) sum += is_kept(i, left, lo) ? exp_at(xv[k], mv[k], i) : 0.0f;
+          for (int i = 0; i < kV; ++i) sum += is_kept<kShifted>(i, left, lo) ? exp_at(xv[k], mv[k], i) : 0.0f;
         }
       }
     }
@@ -444,7 +447,9 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
             }
           } else if (left > 0) {
 #pragma unroll
-            for (int i = 0; i < kV; ++i) out[i] = is_kept(i, left, lo) ? exp_at(xv[k], mv[k], i) * inv_sum : 0.0f;
+            for (int i = 0; i < kV; ++i) {
+              out[i] = is_kept<kShifted>(i, left, lo) ? exp_at(xv[k], mv[k], i) * inv_sum : 0.0f;
+            }
           }
           store_row_vector<T, kV, kShifted>(y + k * stride, pack<T, kV>(out), lo, sk + shift - (first + k * stride));
         }
@@ -589,10 +594,6 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_bwd_rows_kernel(Sof
     const int64_t offset = (valid ? row * sk - shift : 0) + first;
     const T* dy = static_cast<const T*>(p.grad_output) + offset;
     const T* y = static_cast<const T*>(p.softmax_output) + offset;
-    auto is_kept = [](int i, int left, [[maybe_unused]] int lo) {
-      if constexpr (kShifted) return i >= lo && i < left;
-      return i < left;
-    };
 
     // Held packed (half the registers of fp32 for 16-bit types), converted twice.
     Packed<T, kV> dyv[kN] = {}, yv[kN] = {};
@@ -611,7 +612,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_bwd_rows_kernel(Sof
       const int left = kept + shift - (first + k * stride);  // kept elements from vector k on
 #pragma unroll
       for (int i = 0; i < kV; ++i) {
-        dot += is_kept(i, left, shift - (first + k * stride)) ? element(dyv[k], i) * element(yv[k], i) : 0.0f;
+        dot += is_kept<kShifted>(i, left, shift - (first + k * stride)) ? element(dyv[k], i) * element(yv[k], i) : 0.0f;
       }
     }
     dot = row_reduce(dot, SumOp{}, scratch[slot]);
@@ -629,7 +630,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_bwd_rows_kernel(Sof
 #pragma unroll
           for (int i = 0; i < kV; ++i) {
             const float yi = element(yv[k], i);
-            out[i] = is_kept(i, left, lo) ? p.scale * (element(dyv[k], i) * yi - yi * dot) : 0.0f;
+            out[i] = is_kept<kShifted>(i, left, lo) ? p.scale * (element(dyv[k], i) * yi - yi * dot) : 0.0f;
           }
           store_row_vector<T, kV, kShifted>(dx + k * stride, pack<T, kV>(out), lo, sk + shift - (first + k * stride));
         }
