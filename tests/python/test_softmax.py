@@ -439,12 +439,14 @@ def check_cuda_bwd(kind, dtype, lead, sk, scale, gen, misalign=False):
 
 
 # sk values for every layout: 16-byte vectors of 2, 4 and 8 a thread in sub-warp, warp
-# and multi-warp groups, for sk not a multiple of the vector too (odd: vectors shifted to
-# each row's start, the explicit mask's rows element by element); rows split over
-# clusters of 2 to 8 blocks (sm_90: 20001, 40001 and 70001 shifted, 40000 and 131072
-# aligned); and the long-row kernels (270000 in vectors, 270001 element by element).
+# and multi-warp groups (3000: three warps, a count not a power of two), for sk not a
+# multiple of the vector too (odd: vectors shifted to each row's start, the explicit
+# mask's bytes too; sk 1 and 3 shorter than a vector, so that rows before the last reach
+# the buffer's end); rows split over clusters of 2 to 8 blocks (sm_90: 20001, 40001 and
+# 70001 shifted, 40000 and 131072 aligned); and the long-row kernels (270000 in vectors,
+# 270001 element by element).
 SMALL_SK = [1, 3, 8, 17, 64, 128, 257, 1000, 2048]
-LARGE_SK = [4096, 4099, 8200, 16384, 20000, 20001, 40000, 40001, 131072, 70001, 270000, 270001]
+LARGE_SK = [3000, 4096, 4099, 8200, 16384, 20000, 20001, 40000, 40001, 131072, 70001, 270000, 270001]
 
 
 @pytest.mark.parametrize("device", CUDA)
@@ -526,12 +528,14 @@ def test_causal_split_rows_cuda_large(kind, device, gen):
 @pytest.mark.parametrize("device", CUDA)
 def test_many_rows_cuda_large(device, gen):
     """Many rows: thousands of blocks, warp and sub-warp rows (16 rows a block at sk = 96),
+    a per-batch mask at sk = 2047 (x's and the mask's rows at every shift in a vector),
     and rows split over clusters (sm_90), more than the GPU holds at once, so that each
     cluster strides over several: the backward at sk = 65536 (two blocks a row; the bf16
     masked forward keeps the long-row kernel), the fp32 masked forward at 20000 (three
     blocks), the causal rows at 40001 (vectors shifted to each row's start)."""
     check_cuda_bwd("aligned_causal", torch.bfloat16, (2, 16, 512), 512, 0.125, gen)
     check_cuda_bwd("masked", torch.float16, (3, 8, 256), 96, 1.0, gen)
+    check_cuda_bwd("masked", torch.bfloat16, (3, 5, 64), 2047, 1.0, gen)
     check_cuda_bwd("masked", torch.bfloat16, (2, 4, 16), 65536, 1.0, gen)
     check_cuda_bwd("masked", torch.float32, (2, 2, 64), 20000, 1.0, gen)
     check_cuda_bwd("aligned_causal", torch.bfloat16, (1, 2, 128), 40001, 0.5, gen)

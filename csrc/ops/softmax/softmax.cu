@@ -2,7 +2,7 @@
 // and writes y once, a backward reads dy and y and writes dx once.
 //
 // Rows that fit in registers take the row kernels: a group of G threads (a power
-// of two; G <= 32 lanes of one warp, or G/32 whole warps) holds one row, each
+// of two up to 32 lanes of one warp, else G/32 whole warps) holds one row, each
 // thread kN vectors of kV elements strided by G vectors, so a warp's loads are
 // contiguous. The max and the sum are warp shuffles, plus one exchange through
 // shared memory when a row spans several warps. Blocks hold 128 / G rows when
@@ -12,7 +12,8 @@
 // threads (kSplit), each holding every P-th run of G vectors, and the blocks' maxima
 // and sums meet once in distributed shared memory: the row is still read once, up to
 // 262144 16-bit elements (not for the upper-triangular backward, nor the explicit
-// mask's forward but in fp32 vectors: see kSplits, launch_bwd).
+// mask's forward but in fp32 vectors: see kSplits, launch_bwd; the explicit mask's
+// 16-bit rows past 16384 take the long-row kernel: see launch_fwd).
 // A split launch starts only as many clusters as the GPU holds at once, which then
 // stride over the rows (see launch_rows). Rows longer still, and GPUs
 // before sm_90, take the long-row kernels: one block of 512 threads per row, an
@@ -22,8 +23,9 @@
 //
 // kV = 16 / sizeof(T) (16-byte loads and stores) where the buffers are 16-byte aligned
 // (the mask kV-byte aligned): where sk is not a multiple of kV, the row kernels load each
-// row's vectors from the aligned address before its start (kShifted); kV = 1 otherwise,
-// and for the explicit mask's rows of such sk (its rows start at other shifts than x's).
+// row's vectors from the aligned address before its start (kShifted; the explicit mask's
+// bytes from two aligned vectors of its own row, which starts at another shift than x's:
+// load_shifted_mask); kV = 1 otherwise.
 // The causal kinds load only the kept prefix of a row and store zeros past it.
 //
 // Registers (ptxas, sm_90a): at bf16 sk = 2048 the causal forward (a warp per
@@ -39,6 +41,7 @@
 #include <math.h>
 
 #include <algorithm>
+#include <climits>
 #include <type_traits>
 
 #include "common/cuda_cluster_launch.h"
@@ -109,14 +112,64 @@ __device__ __forceinline__ void store_partial(T* p, const Packed<T, kV>& v, int 
   }
 }
 
-// A shifted row's vector: whole, but at the end of the buffer (the last row's last
-// vector), where it loads only the row's elements.
+// kShifted: the elements from a row's aligned start (`shift` elements before the row) to
+// the end of a buffer of `rows` rows, capped at INT_MAX. A vector that reaches past it
+// (the last row's last one; with sk < kV also earlier rows' vectors) must not be loaded
+// whole.
+__device__ __forceinline__ int room_to_end(int64_t rows, int64_t row, int64_t sk, int shift) {
+  const int64_t room = (rows - row) * sk + shift;
+  return room < INT_MAX ? int(room) : INT_MAX;
+}
+
+// A shifted row's vector at offset o from the row's aligned start: whole, but where it
+// reaches past the buffer's end (room_to_end), where it loads only the row's elements
+// (those before `hi`).
 template <class T, int kV, bool kShifted>
-__device__ __forceinline__ Packed<T, kV> load_row_vector(const T* p, bool buffer_end, int hi) {
+__device__ __forceinline__ Packed<T, kV> load_row_vector(const T* p, int o, int room, int hi) {
   if constexpr (kShifted) {
-    if (buffer_end) return load_partial<T, kV>(p, 0, hi);
+    if (o + kV > room) return load_partial<T, kV>(p, 0, hi);
   }
   return load_packed<T, kV>(p);
+}
+
+// kShifted rows of the explicit mask: the mask's rows start at other shifts than x's
+// (mask row r at (r sk) mod kV bytes into an aligned vector, x row i at (i sk) mod kV
+// elements), so the kV mask bytes of x's vector k straddle two aligned mask vectors.
+// `base` is the aligned address at or before the mask row's start, `o` the offset from
+// it of the first of the two vectors (-kV: before the row, never loaded), `e` the bytes
+// into it where x's vector begins, `end` the offset of the row's end, `room` of the
+// buffer's (room_to_end). A vector that holds none of the row's bytes is not loaded (its
+// bytes are never kept), nor the second where e = 0; one that reaches past the buffer's
+// end loads only the row's bytes.
+template <int kV>
+__device__ __forceinline__ Packed<uint8_t, kV> load_mask_part(const uint8_t* base, int o, int end, int room,
+                                                              bool wanted) {
+  if (!wanted || o < 0 || o >= end) return {};
+  if (o + kV > room) return load_partial<uint8_t, kV>(base + o, 0, end - o);
+  return load_packed<uint8_t, kV>(base + o);
+}
+
+template <int kV>
+__device__ __forceinline__ Packed<uint8_t, kV> load_shifted_mask(const uint8_t* base, int o, int e, int end,
+                                                                 int room) {
+  static_assert(kV == 4 || kV == 8, "mask vectors of 4 or 8 bytes");
+  constexpr int kWords = kV / 4;
+  const Packed<uint8_t, kV> lo = load_mask_part<kV>(base, o, end, room, true);
+  const Packed<uint8_t, kV> hi = load_mask_part<kV>(base, o + kV, end, room, e != 0);
+  uint32_t w[2 * kWords + 1];  // the two vectors' words, and a zero past them
+#pragma unroll
+  for (int j = 0; j < kWords; ++j) {
+    w[j] = lo.w[j];
+    w[kWords + j] = hi.w[j];
+  }
+  w[2 * kWords] = 0;
+  const bool skip_word = e >= 4;  // kV = 8: the bytes begin in the second word
+  Packed<uint8_t, kV> out;
+#pragma unroll
+  for (int j = 0; j < kWords; ++j) {
+    out.w[j] = __funnelshift_r(skip_word ? w[j + 1] : w[j], skip_word ? w[j + 2] : w[j + 1], 8 * (e % 4));
+  }
+  return out;
 }
 
 // Stores a row's vector: whole, or for a shifted row's first and last vectors only the
@@ -330,7 +383,6 @@ constexpr float kMaskedLogit2 = kMaskedLogit * kLog2e;
 // stored element by element (see launch_fwd).
 template <class T, int kV, int kN, bool kExplicitMask, bool kExpOnce, bool kSplit, bool kShifted = false>
 __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(SoftmaxFwdParams p) {
-  static_assert(!(kShifted && kExplicitMask), "the mask's rows start at other shifts than x's");
   __shared__ float scratch[2][kMaxWarps];
   [[maybe_unused]] __shared__ float2 exchange[2];  // kSplit: alternate rows' (max, sum)
   // In-row indices are ints: a row holds at most kMaxRowParts * kMaxThreadsPerRow * kN * kV elements.
@@ -341,6 +393,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
   const int64_t row_groups = (p.rows + blockDim.y - 1) / blockDim.y;
   const bool tail_counts = softmax_tail_counts(p.kind);
   const float scale2 = p.scale * kLog2e;
+  [[maybe_unused]] const int64_t mask_rows = kExplicitMask ? (p.mask_broadcast ? 1 : p.rows / (p.heads * p.sq)) * p.sq : 0;
   int slot = 0;
   for (int64_t g = blockIdx.x / part.count; g < row_groups; g += gridDim.x / part.count, slot ^= 1) {
     const int64_t row = g * blockDim.y + threadIdx.y;
@@ -350,9 +403,20 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
     // kShifted: in-row positions below count from the aligned address `shift` elements
     // before the row; 0 otherwise. (Row 0 starts aligned: nothing is read before x.)
     const int shift = kShifted && valid ? int((row * sk) % kV) : 0;
-    const bool last_row = kShifted && row == p.rows - 1;
+    [[maybe_unused]] const int room = kShifted && valid ? room_to_end(p.rows, row, sk, shift) : 0;
     const T* x = static_cast<const T*>(p.input) + (valid ? row * sk - shift : 0) + first;  // this thread's first vector
-    const uint8_t* mask = kExplicitMask && valid ? p.mask + softmax_mask_row(p, row) * sk + first : nullptr;
+    const int64_t mask_row = kExplicitMask && valid ? softmax_mask_row(p, row) : 0;
+    const uint8_t* mask = kExplicitMask && valid ? p.mask + mask_row * sk + first : nullptr;
+    // kShifted with the mask: the mask row's own aligned start, and where x's vectors fall
+    // in it (see load_shifted_mask).
+    [[maybe_unused]] int mask_shift = 0, mask_back = 0, mask_e = 0, mask_room = 0;
+    if constexpr (kShifted && kExplicitMask) {
+      mask_shift = int((mask_row * sk) % kV);
+      mask_back = mask_shift < shift ? kV : 0;
+      mask_e = mask_shift - shift + mask_back;
+      mask_room = valid ? room_to_end(mask_rows, mask_row, sk, mask_shift) : 0;
+      mask = valid ? p.mask + mask_row * sk - mask_shift : nullptr;
+    }
 
     // All loads first, so that each thread has kN vectors in flight. (Zeros where
     // nothing is loaded: the passes below convert every vector and discard those.)
@@ -361,9 +425,13 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
 #pragma unroll
     for (int k = 0; k < kN; ++k) {
       if (first + k * stride < kept + shift) {
-        xv[k] = load_row_vector<T, kV, kShifted>(x + k * stride, last_row && first + k * stride + kV > sk + shift,
+        xv[k] = load_row_vector<T, kV, kShifted>(x + k * stride, first + k * stride, room,
                                                  sk + shift - (first + k * stride));
-        if constexpr (kExplicitMask) mv[k] = load_packed<uint8_t, kV>(mask + k * stride);
+        if constexpr (kExplicitMask && kShifted) {
+          mv[k] = load_shifted_mask<kV>(mask, first + k * stride - mask_back, mask_e, sk + mask_shift, mask_room);
+        } else if constexpr (kExplicitMask) {
+          mv[k] = load_packed<uint8_t, kV>(mask + k * stride);
+        }
       }
     }
     // Selects, not branches, from here: per-element branches made the compiler
@@ -590,7 +658,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_bwd_rows_kernel(Sof
     const bool valid = row < p.rows;
     const int kept = valid ? int(softmax_kept_prefix(p.kind, row, p.sq, sk)) : 0;
     const int shift = kShifted && valid ? int((row * sk) % kV) : 0;  // as in the forward
-    const bool last_row = kShifted && row == p.rows - 1;
+    [[maybe_unused]] const int room = kShifted && valid ? room_to_end(p.rows, row, sk, shift) : 0;
     const int64_t offset = (valid ? row * sk - shift : 0) + first;
     const T* dy = static_cast<const T*>(p.grad_output) + offset;
     const T* y = static_cast<const T*>(p.softmax_output) + offset;
@@ -600,10 +668,9 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_bwd_rows_kernel(Sof
 #pragma unroll
     for (int k = 0; k < kN; ++k) {
       if (first + k * stride < kept + shift) {
-        const bool buffer_end = last_row && first + k * stride + kV > sk + shift;
         const int hi = sk + shift - (first + k * stride);
-        dyv[k] = load_row_vector<T, kV, kShifted>(dy + k * stride, buffer_end, hi);
-        yv[k] = load_row_vector<T, kV, kShifted>(y + k * stride, buffer_end, hi);
+        dyv[k] = load_row_vector<T, kV, kShifted>(dy + k * stride, first + k * stride, room, hi);
+        yv[k] = load_row_vector<T, kV, kShifted>(y + k * stride, first + k * stride, room, hi);
       }
     }
     float dot = 0.0f;  // selects, not branches (see the forward)
@@ -696,18 +763,21 @@ int64_t next_pow2(int64_t n) {
 // A row of `units` vectors takes the first per-thread count that fits it into
 // one warp (sub-warp groups for short rows, so no lanes idle; a whole warp with 8
 // vectors a thread at sk = 2048 bf16), else the largest count and as many warps
-// as needed, else (`split`: clusters launch here) the largest count on the fewest
-// blocks (up to kMaxRowParts) of at most kMaxThreadsPerRow threads, and in them the
-// fewest whole warps that hold the row, else the long-row kernels. (With 512 threads
-// a block at sk = 40000 bf16, 39% of the registers held no vector and the upper-
-// triangular kind ran 15-20% slower than the long-row kernel, H100.)
+// as needed (up to `whole_warps` threads the fewest whole warps that hold the row,
+// beyond it a power of two), else (`split`: clusters launch here) the largest count
+// on the fewest blocks (up to kMaxRowParts) of at most kMaxThreadsPerRow threads, and
+// in them the fewest whole warps that hold the row, else the long-row kernels. (With
+// 512 threads a block at sk = 40000 bf16, 39% of the registers held no vector and
+// the upper-triangular kind ran 15-20% slower than the long-row kernel, H100.)
 template <size_t kCounts>
-RowPlan plan_rows(int64_t units, const int (&counts)[kCounts], bool split) {
+RowPlan plan_rows(int64_t units, const int (&counts)[kCounts], bool split, int64_t whole_warps) {
   for (int n : counts) {
     if (units <= 32 * int64_t(n)) return {false, n, int(next_pow2((units + n - 1) / n)), 1};
   }
   const int n = counts[kCounts - 1];
-  const int64_t group = next_pow2((units + n - 1) / n);
+  const int64_t threads = (units + n - 1) / n;
+  const int64_t in_warps = (threads + 31) / 32 * 32;
+  const int64_t group = in_warps <= whole_warps ? in_warps : next_pow2(threads);
   if (group <= kMaxThreadsPerRow) return {false, n, int(group), 1};
   const int64_t block_units = int64_t(kMaxThreadsPerRow) * n;
   const int64_t parts = (units + block_units - 1) / block_units;
@@ -716,6 +786,15 @@ RowPlan plan_rows(int64_t units, const int (&counts)[kCounts], bool split) {
   if (split && parts <= kMaxRowParts) return {false, n, int(32 * warps), int(parts)};
   return {true, 0, kLongRowThreads, 1};
 }
+
+// Row groups in whole warps rather than powers of two, up to these many threads (see
+// plan_rows). The forward gains where the power of two leaves slots empty (H200, bf16:
+// sk 5120 160 threads against 256, 1.37x; 4095 shifted 1.47x; 12288 1.10x; no loss from
+// 2047 to 28672); the backward (106 registers) gains up to five warps (sk 5120 and
+// 10240 1.07x, fp32 4099 1.19x) and loses 2-7% at six, seven, ten and fourteen
+// (sk 12288, 14336, 20480, 28672), where it keeps the power of two.
+constexpr int64_t kFwdWholeWarps = kMaxThreadsPerRow;
+constexpr int64_t kBwdWholeWarps = 160;
 
 // Blocks of G x max(1, 128 / G) threads, one row per threadIdx.y; the grid
 // strides over the row groups beyond 2^31 - 1 blocks. A split plan launches
@@ -762,17 +841,18 @@ constexpr int kExpOnceCounts[] = {2, 4};
 // The 16-bit kExpOnce kernels (32 elements and their mask bytes a thread) took 80
 // registers split, a block an SM (64 and spills when bounded to two), and ran at 0.79x
 // ([1, 16, 64, 40000] bf16: 63.8 us against 50.3); the element-by-element one at
-// 0.84-0.90x ([1, 16, 64, 20001 / 40001] bf16).
-template <int kV, int kN, bool kExpOnce, bool kExplicitMask = false>
-constexpr bool kSplits =
-    kN == (kExpOnce ? 4 : (kV == 1 ? 16 : 8)) && (!kExplicitMask || (kExpOnce && kV * kN <= 16));
+// 0.84-0.90x ([1, 16, 64, 20001 / 40001] bf16). Nor does the mask's kShifted form (see
+// launch_fwd).
+template <int kV, int kN, bool kExpOnce, bool kExplicitMask = false, bool kShifted = false>
+constexpr bool kSplits = kN == (kExpOnce ? 4 : (kV == 1 ? 16 : 8)) &&
+                         (!kExplicitMask || (kExpOnce && kV * kN <= 16 && !kShifted));
 
 // The row kernel of kN vectors a thread for `plan`: its kSplit form for a split plan.
 // Returns false where the split launch could not run (see launch_rows).
 template <class T, int kV, int kN, bool kExplicitMask, bool kExpOnce, bool kShifted>
 bool launch_fwd_rows(const RowPlan& plan, const SoftmaxFwdParams& p, int device, cudaStream_t stream) {
   constexpr const char* kName = "softmax_fwd_rows_kernel";
-  if constexpr (kSplits<kV, kN, kExpOnce, kExplicitMask>) {
+  if constexpr (kSplits<kV, kN, kExpOnce, kExplicitMask, kShifted>) {
     if (plan.parts > 1) {
       return launch_rows(softmax_fwd_rows_kernel<T, kV, kN, kExplicitMask, kExpOnce, true, kShifted>, plan, p, device,
                          stream, kName);
@@ -789,29 +869,13 @@ int64_t row_units(int64_t sk) {
   return kShifted ? (sk + 2 * (kV - 1)) / kV : sk / kV;
 }
 
-// `split`: rows too long for a block may be split where the kernel that holds them has
-// a kSplit form (kSplits). kShifted rows too long for the row kernels take the long-row
-// kernel element by element.
-template <class T, int kV, bool kExplicitMask, bool kShifted = false>
-void launch_fwd(const SoftmaxFwdParams& p, int device, bool split, cudaStream_t stream) {
-  const bool whole_rows = p.kind == SoftmaxKind::kPlain || p.kind == SoftmaxKind::kMasked;
-  const int64_t units = row_units<kV, kShifted>(p.sk);
-  if constexpr (kV > 1) {
-    if (whole_rows) {
-      const RowPlan plan = plan_rows(units, kExpOnceCounts, split && kSplits<kV, 4, true, kExplicitMask>);
-      if (!plan.long_rows) {  // else the 8-vector kernels below still hold the row
-        if (plan.per_thread == 2 && launch_fwd_rows<T, kV, 2, kExplicitMask, true, kShifted>(plan, p, device, stream)) {
-          return;
-        }
-        if (plan.per_thread == 4 && launch_fwd_rows<T, kV, 4, kExplicitMask, true, kShifted>(plan, p, device, stream)) {
-          return;
-        }
-        split = false;  // the clusters did not launch: nor will the 8-vector ones
-      }
-    }
-  }
-  const RowPlan plan = kV == 1 ? plan_rows(p.sk, kScalarCounts, split && kSplits<1, 16, false, kExplicitMask>)
-                               : plan_rows(units, kVectorCounts, split && kSplits<kV, 8, false, kExplicitMask>);
+// The kernels that compute each exponential twice (see kExpOnce) for rows the kExpOnce
+// kernels do not take, and the long-row kernels past them.
+template <class T, int kV, bool kExplicitMask, bool kShifted>
+void launch_fwd_recomputing(const SoftmaxFwdParams& p, int64_t units, int device, bool split, cudaStream_t stream) {
+  const RowPlan plan =
+      kV == 1 ? plan_rows(p.sk, kScalarCounts, split && kSplits<1, 16, false, kExplicitMask>, kFwdWholeWarps)
+              : plan_rows(units, kVectorCounts, split && kSplits<kV, 8, false, kExplicitMask>, kFwdWholeWarps);
   bool launched = false;
   if (!plan.long_rows) {
     switch (plan.per_thread) {
@@ -836,6 +900,40 @@ void launch_fwd(const SoftmaxFwdParams& p, int device, bool split, cudaStream_t 
   }
 }
 
+// `split`: rows too long for a block may be split where the kernel that holds them has
+// a kSplit form (kSplits). kShifted rows too long for the row kernels take the long-row
+// kernel element by element. The explicit mask's rows in vectors that the kExpOnce
+// kernels do not hold take the long-row kernel: its 8-vector kernel (95 registers) ran
+// at 0.75-0.82x that (H200, bf16 [1, 16, 128, 24576 / 32768]; 1.02x at [1, 16, 64,
+// 20000]), the kShifted one (102) at 0.91x ([1, 16, 64, 20001]), the split fp32 kShifted
+// one (79) at 0.63x.
+template <class T, int kV, bool kExplicitMask, bool kShifted = false>
+void launch_fwd(const SoftmaxFwdParams& p, int device, bool split, cudaStream_t stream) {
+  const bool whole_rows = p.kind == SoftmaxKind::kPlain || p.kind == SoftmaxKind::kMasked;
+  const int64_t units = row_units<kV, kShifted>(p.sk);
+  if constexpr (kV > 1) {
+    if (whole_rows) {
+      const RowPlan plan =
+          plan_rows(units, kExpOnceCounts, split && kSplits<kV, 4, true, kExplicitMask, kShifted>, kFwdWholeWarps);
+      if (!plan.long_rows) {  // else the 8-vector kernels below still hold the row
+        if (plan.per_thread == 2 && launch_fwd_rows<T, kV, 2, kExplicitMask, true, kShifted>(plan, p, device, stream)) {
+          return;
+        }
+        if (plan.per_thread == 4 && launch_fwd_rows<T, kV, 4, kExplicitMask, true, kShifted>(plan, p, device, stream)) {
+          return;
+        }
+        split = false;  // the clusters did not launch: nor will the 8-vector ones
+      }
+    }
+  }
+  if constexpr (kExplicitMask && kV > 1) {
+    launch_long_rows(softmax_fwd_long_rows_kernel<T, kShifted ? 1 : kV, true>, p, stream,
+                     "softmax_fwd_long_rows_kernel");
+  } else {
+    launch_fwd_recomputing<T, kV, kExplicitMask, kShifted>(p, units, device, split, stream);
+  }
+}
+
 template <class T, int kV, int kN, bool kShifted>
 bool launch_bwd_rows(const RowPlan& plan, const SoftmaxBwdParams& p, int device, cudaStream_t stream) {
   constexpr const char* kName = "softmax_bwd_rows_kernel";
@@ -855,7 +953,8 @@ template <class T, int kV, bool kShifted = false>
 void launch_bwd(const SoftmaxBwdParams& p, int device, bool split, cudaStream_t stream) {
   split = split && p.kind != SoftmaxKind::kUpperTriang;
   const RowPlan plan =
-      kV == 1 ? plan_rows(p.sk, kScalarCounts, split) : plan_rows(row_units<kV, kShifted>(p.sk), kVectorCounts, split);
+      kV == 1 ? plan_rows(p.sk, kScalarCounts, split, kBwdWholeWarps)
+              : plan_rows(row_units<kV, kShifted>(p.sk), kVectorCounts, split, kBwdWholeWarps);
   bool launched = false;
   if (!plan.long_rows) {
     switch (plan.per_thread) {
@@ -890,8 +989,12 @@ void softmax_fwd_cuda(const SoftmaxFwdParams& p, int device, void* stream) {
     constexpr int kVec = 16 / sizeof(T);
     const bool aligned = is_aligned(p.input, 16) && is_aligned(p.output, 16);
     if (masked) {
-      const bool vectorized = p.sk % kVec == 0 && aligned && is_aligned(p.mask, kVec);
-      vectorized ? launch_fwd<T, kVec, true>(p, device, split, s) : launch_fwd<T, 1, true>(p, device, split, s);
+      if (!aligned || !is_aligned(p.mask, kVec)) {
+        launch_fwd<T, 1, true>(p, device, split, s);
+      } else {  // rows of other lengths: x's and the mask's vectors shifted to each row's start
+        p.sk % kVec == 0 ? launch_fwd<T, kVec, true>(p, device, split, s)
+                         : launch_fwd<T, kVec, true, true>(p, device, split, s);
+      }
     } else if (aligned) {  // rows of other lengths: vectors shifted to each row's start
       p.sk % kVec == 0 ? launch_fwd<T, kVec, false>(p, device, split, s)
                        : launch_fwd<T, kVec, false, true>(p, device, split, s);
