@@ -393,7 +393,9 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
   const int64_t row_groups = (p.rows + blockDim.y - 1) / blockDim.y;
   const bool tail_counts = softmax_tail_counts(p.kind);
   const float scale2 = p.scale * kLog2e;
-  [[maybe_unused]] const int64_t mask_rows = kExplicitMask ? (p.mask_broadcast ? 1 : p.rows / (p.heads * p.sq)) * p.sq : 0;
+  // the mask's rows (kShifted: where its buffer ends)
+  [[maybe_unused]] const int64_t mask_rows =
+      kExplicitMask ? (p.mask_broadcast ? 1 : p.rows / (p.heads * p.sq)) * p.sq : 0;
   int slot = 0;
   for (int64_t g = blockIdx.x / part.count; g < row_groups; g += gridDim.x / part.count, slot ^= 1) {
     const int64_t row = g * blockDim.y + threadIdx.y;
@@ -407,8 +409,8 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
     const T* x = static_cast<const T*>(p.input) + (valid ? row * sk - shift : 0) + first;  // this thread's first vector
     const int64_t mask_row = kExplicitMask && valid ? softmax_mask_row(p, row) : 0;
     const uint8_t* mask = kExplicitMask && valid ? p.mask + mask_row * sk + first : nullptr;
-    // kShifted with the mask: the mask row's own aligned start, and where x's vectors fall
-    // in it (see load_shifted_mask).
+    // kShifted with the mask: `mask` is the mask row's own aligned start instead, and x's
+    // vectors fall at other offsets in it (see load_shifted_mask).
     [[maybe_unused]] int mask_shift = 0, mask_back = 0, mask_e = 0, mask_room = 0;
     if constexpr (kShifted && kExplicitMask) {
       mask_shift = int((mask_row * sk) % kV);
@@ -790,7 +792,7 @@ RowPlan plan_rows(int64_t units, const int (&counts)[kCounts], bool split, int64
 // Row groups in whole warps rather than powers of two, up to these many threads (see
 // plan_rows). The forward gains where the power of two leaves slots empty (H200, bf16:
 // sk 5120 160 threads against 256, 1.37x; 4095 shifted 1.47x; 12288 1.10x; no loss from
-// 2047 to 28672); the backward (106 registers) gains up to five warps (sk 5120 and
+// 2047 to 28672); the backward (106-121 registers) gains up to five warps (sk 5120 and
 // 10240 1.07x, fp32 4099 1.19x) and loses 2-7% at six, seven, ten and fourteen
 // (sk 12288, 14336, 20480, 28672), where it keeps the power of two.
 constexpr int64_t kFwdWholeWarps = kMaxThreadsPerRow;
@@ -915,7 +917,7 @@ void launch_fwd(const SoftmaxFwdParams& p, int device, bool split, cudaStream_t 
     if (whole_rows) {
       const RowPlan plan =
           plan_rows(units, kExpOnceCounts, split && kSplits<kV, 4, true, kExplicitMask, kShifted>, kFwdWholeWarps);
-      if (!plan.long_rows) {  // else the 8-vector kernels below still hold the row
+      if (!plan.long_rows) {  // else the 8-vector kernels below (the explicit mask: the long-row kernel)
         if (plan.per_thread == 2 && launch_fwd_rows<T, kV, 2, kExplicitMask, true, kShifted>(plan, p, device, stream)) {
           return;
         }
