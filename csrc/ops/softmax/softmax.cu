@@ -50,25 +50,16 @@
 #include "common/cuda_utils.h"
 #include "common/dtype.h"
 #include "ops/softmax/softmax_params.h"
+#include "ops/softmax/softmax_row_plan.h"
 
 namespace opente {
 namespace {
 
-// Row groups span up to 512 threads (__launch_bounds__ leaves 128 registers a
-// thread), and blocks have at least 128.
-constexpr int kMaxThreadsPerRow = 512;
-constexpr int kMinBlockThreads = 128;
-constexpr int kLongRowThreads = 512;
+// The row layout's constants and choices: ops/softmax/softmax_row_plan.h.
+using namespace softmax_rows;
+
 // At most 512 / 32 warps meet in a block-wide reduction.
 constexpr int kMaxWarps = kMaxThreadsPerRow / 32;
-// Blocks a row may be split over (kSplit): the portable cluster size.
-constexpr int kMaxRowParts = 8;
-
-// Vectors per thread in the row kernels, smallest first: a row of `units`
-// vectors takes the first count that fits it in one warp, else the last one with
-// as many threads as it needs (see plan_rows).
-constexpr int kVectorCounts[] = {2, 4, 8};
-constexpr int kScalarCounts[] = {2, 8, 16};
 
 // kV elements of T as the words a load brings: 32-bit words for vectors of 4
 // bytes or more, so two 16-bit elements share a register (held one per register,
@@ -748,57 +739,9 @@ __global__ void __launch_bounds__(kLongRowThreads) softmax_bwd_long_rows_kernel(
 
 // ---- launch ---------------------------------------------------------------------------------
 
-// How rows of sk elements are laid out on threads (the one place of these choices).
-struct RowPlan {
-  bool long_rows;       // the long-row kernels; the fields below are for the row kernels
-  int per_thread;       // kN: vectors a thread holds
-  int threads_per_row;  // G: a power of two in [1, kMaxThreadsPerRow]; split: whole warps
-  int parts;            // blocks a row: > 1 splits it over a cluster (kSplit)
-};
-
-int64_t next_pow2(int64_t n) {
-  int64_t p = 1;
-  while (p < n) p <<= 1;
-  return p;
-}
-
-// A row of `units` vectors takes the first per-thread count that fits it into
-// one warp (sub-warp groups for short rows, so no lanes idle; a whole warp with 8
-// vectors a thread at sk = 2048 bf16), else the largest count and as many warps
-// as needed (up to `whole_warps` threads the fewest whole warps that hold the row,
-// beyond it a power of two), else (`split`: clusters launch here) the largest count
-// on the fewest blocks (up to kMaxRowParts) of at most kMaxThreadsPerRow threads, and
-// in them the fewest whole warps that hold the row, else the long-row kernels. (With
-// 512 threads a block at sk = 40000 bf16, 39% of the registers held no vector and
-// the upper-triangular kind ran 15-20% slower than the long-row kernel, H100.)
-template <size_t kCounts>
-RowPlan plan_rows(int64_t units, const int (&counts)[kCounts], bool split, int64_t whole_warps) {
-  for (int n : counts) {
-    if (units <= 32 * int64_t(n)) return {false, n, int(next_pow2((units + n - 1) / n)), 1};
-  }
-  const int n = counts[kCounts - 1];
-  const int64_t threads = (units + n - 1) / n;
-  const int64_t in_warps = (threads + 31) / 32 * 32;
-  const int64_t group = in_warps <= whole_warps ? in_warps : next_pow2(threads);
-  if (group <= kMaxThreadsPerRow) return {false, n, int(group), 1};
-  const int64_t block_units = int64_t(kMaxThreadsPerRow) * n;
-  const int64_t parts = (units + block_units - 1) / block_units;
-  // at least 8 (a split row has more than kMaxThreadsPerRow * n units): blockDim.y = 1
-  const int64_t warps = (units + parts * n * 32 - 1) / (parts * n * 32);
-  if (split && parts <= kMaxRowParts) return {false, n, int(32 * warps), int(parts)};
-  return {true, 0, kLongRowThreads, 1};
-}
-
-// Row groups in whole warps rather than powers of two, up to these many threads (see
-// plan_rows). The forward gains where the power of two leaves slots empty (H200, bf16:
-// sk 5120 160 threads against 256, 1.37x; 4095 shifted 1.47x; 12288 1.10x; no loss from
-// 2047 to 28672); the backward (106-121 registers) gains up to five warps (sk 5120 and
-// 10240 1.07x, fp32 4099 1.19x) and loses 2-7% at six, seven, ten and fourteen
-// (sk 12288, 14336, 20480, 28672), where it keeps the power of two.
-constexpr int64_t kFwdWholeWarps = kMaxThreadsPerRow;
-constexpr int64_t kBwdWholeWarps = 160;
-
-// Blocks of G x max(1, 128 / G) threads, one row per threadIdx.y; the grid
+// The row layout (RowPlan, plan_rows): ops/softmax/softmax_row_plan.h.
+//
+// Blocks of G x block_rows (128 / G, at least 1) threads, one row per threadIdx.y; the grid
 // strides over the row groups beyond 2^31 - 1 blocks. A split plan launches
 // `parts` blocks a row in clusters of `parts` (kernel: its kSplit form), no more
 // clusters than the GPU holds at once, striding over the rows: a cluster a row
@@ -809,7 +752,7 @@ constexpr int64_t kBwdWholeWarps = 160;
 template <class Params>
 bool launch_rows(void (*kernel)(Params), const RowPlan& plan, const Params& p, int device, cudaStream_t stream,
                  const char* name) {
-  const dim3 block(unsigned(plan.threads_per_row), unsigned(std::max(1, kMinBlockThreads / plan.threads_per_row)));
+  const dim3 block(unsigned(plan.threads_per_row), unsigned(block_rows(plan)));
   const int64_t row_groups = (p.rows + block.y - 1) / block.y;
   if (plan.parts == 1) {
     kernel<<<unsigned(std::min<int64_t>(row_groups, INT32_MAX)), block, 0, stream>>>(p);
@@ -831,10 +774,6 @@ void launch_long_rows(Kernel kernel, const Params& p, cudaStream_t stream, const
   kernel<<<unsigned(std::min<int64_t>(p.rows, INT32_MAX)), kLongRowThreads, 0, stream>>>(p);
   check_launch(name);
 }
-
-// Vectors per thread for the kExpOnce row kernels: at most 4, so that the fp32
-// exponentials (4 x kV registers a vector) leave room for enough warps.
-constexpr int kExpOnceCounts[] = {2, 4};
 
 // Whether the row kernel of kN vectors a thread has a kSplit form: only the largest count
 // of its list (kExpOnceCounts, kScalarCounts, kVectorCounts) does, and of the explicit
@@ -862,13 +801,6 @@ bool launch_fwd_rows(const RowPlan& plan, const SoftmaxFwdParams& p, int device,
   }
   return launch_rows(softmax_fwd_rows_kernel<T, kV, kN, kExplicitMask, kExpOnce, false, kShifted>, plan, p, device,
                      stream, kName);
-}
-
-// The vectors a row of sk elements spans: kShifted, from the aligned address up to kV - 1
-// elements before it.
-template <int kV, bool kShifted>
-int64_t row_units(int64_t sk) {
-  return kShifted ? (sk + 2 * (kV - 1)) / kV : sk / kV;
 }
 
 // The kernels that compute each exponential twice (see kExpOnce) for rows the kExpOnce
