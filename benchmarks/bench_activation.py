@@ -31,7 +31,7 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-from timing import print_bandwidth_table
+from timing import add_ops_argument, print_bandwidth_table
 
 from transformer_engine import _core
 from transformer_engine.pytorch.cpp_extensions.tensor_desc import describe
@@ -151,11 +151,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--shapes", default="16384x4096", help="comma-separated ROWSxHIDDEN")
+    add_ops_argument(parser)
     args = parser.parse_args()
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     rows = ((name, f"{r} x {h}", nbytes, ours, theirs) for r, h in shapes
             for name, nbytes, ours, theirs in cases(r, h))
-    print_bandwidth_table("bench_activation.py", rows, args.iters, "rows x hidden (bf16)")
+    print_bandwidth_table("bench_activation.py", rows, args.iters, "rows x hidden (bf16)", args.ops)
 
 if __name__ == "__main__":
     main()

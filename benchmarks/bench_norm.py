@@ -26,7 +26,7 @@ import itertools
 
 import torch
 import torch.nn.functional as F
-from timing import print_bandwidth_table
+from timing import add_ops_argument, print_bandwidth_table
 
 from transformer_engine.pytorch.cpp_extensions import layernorm_bwd, layernorm_fwd, module_ops, rmsnorm_bwd, rmsnorm_fwd
 
@@ -111,11 +111,12 @@ def main():
     # the first four since the first session; then the widths where the README names gaps
     parser.add_argument("--shapes", default="16384x4096,8192x8192,32768x1024,4096x16384,"
                                             "16384x768,16384x2048,8192x5120,4096x12288")
+    add_ops_argument(parser)
     args = parser.parse_args()
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     rows = ((name, f"{r} x {h}", nbytes, ours, theirs) for r, h in shapes
             for name, nbytes, ours, theirs in cases(r, h))
-    print_bandwidth_table("bench_norm.py", rows, args.iters, "rows x hidden (bf16)")
+    print_bandwidth_table("bench_norm.py", rows, args.iters, "rows x hidden (bf16)", args.ops)
 
 if __name__ == "__main__":
     main()

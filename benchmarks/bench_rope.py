@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from timing import print_bandwidth_table
+from timing import add_ops_argument, print_bandwidth_table
 
 from transformer_engine.pytorch.attention import RotaryPositionEmbedding, apply_rotary_pos_emb
 from transformer_engine.pytorch.cpp_extensions import fused_rope_backward, fused_rope_forward
@@ -76,6 +76,7 @@ def main():
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--shapes", default="4096x2x32x128,8192x1x8x128",
                         help="comma-separated s x b x h x d (bf16)")
+    add_ops_argument(parser)
     args = parser.parse_args()
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
 
@@ -84,7 +85,7 @@ def main():
             yield from cases(s, b, h, d)
             torch.cuda.empty_cache()
 
-    print_bandwidth_table("bench_rope.py", rows(), args.iters, "shape (bf16)")
+    print_bandwidth_table("bench_rope.py", rows(), args.iters, "shape (bf16)", args.ops)
 
 
 if __name__ == "__main__":

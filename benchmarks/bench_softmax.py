@@ -19,7 +19,7 @@ import argparse
 import sys
 
 import torch
-from timing import print_bandwidth_table
+from timing import add_ops_argument, print_bandwidth_table
 
 from transformer_engine.pytorch.cpp_extensions import softmax as S
 
@@ -93,6 +93,7 @@ def main():
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--shapes", default="4x16x2048x2048,1x16x512x16384",
                         help="comma-separated b x h x sq x sk (bf16)")
+    add_ops_argument(parser)
     args = parser.parse_args()
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
 
@@ -101,7 +102,7 @@ def main():
             yield from cases(b, h, sq, sk)
             torch.cuda.empty_cache()  # the next shape's tensors may be as large
 
-    print_bandwidth_table("bench_softmax.py", rows(), args.iters, "shape (bf16)")
+    print_bandwidth_table("bench_softmax.py", rows(), args.iters, "shape (bf16)", args.ops)
 
 
 if __name__ == "__main__":

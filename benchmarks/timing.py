@@ -69,9 +69,16 @@ def copy_bandwidth(nbytes: int, iters: int) -> float:
     return 2 * nbytes / (time_us(lambda: dst.copy_(src), iters) * 1e-6)
 
 
-def print_bandwidth_table(script: str, rows, iters: int, shape_header: str) -> None:
+def add_ops_argument(parser) -> None:
+    """--ops: run only the ops whose names contain one of these comma-separated pieces
+    (a targeted run on the lent GPU machine spends its minutes on what it measures)."""
+    parser.add_argument("--ops", default="", help="comma-separated pieces of op names to run (default: all)")
+
+
+def print_bandwidth_table(script: str, rows, iters: int, shape_header: str, ops: str = "") -> None:
     """The table of the memory-bound benchmarks: ``rows`` yields (op, shape text, bytes
-    moved, ours, theirs); each line gives our time, GB/s, the fraction of the 1 GiB copy
+    moved, ours, theirs), those whose op name contains a piece of ``ops`` (comma-separated;
+    empty: all); each line gives our time, GB/s, the fraction of the 1 GiB copy
     bandwidth measured first in this run, the fraction of the bandwidth of a copy moving
     the same bytes as the op (read + written: a copy of half of them), PyTorch's time and
     the speed-up. The 1 GiB copy is the device's sustained rate; a copy of the op's own
@@ -87,7 +94,10 @@ def print_bandwidth_table(script: str, rows, iters: int, shape_header: str) -> N
     header = ("op", shape_header, "OpenTE us", "GB/s", "of copy BW", "of a same-bytes copy", "PyTorch us", "speed-up")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
+    pieces = [piece for piece in ops.split(",") if piece]
     for name, shape, nbytes, ours, theirs in rows:
+        if pieces and not any(piece in name for piece in pieces):
+            continue
         us, torch_us = time_pair_us(ours, theirs, iters)
         if nbytes not in same_bytes_bw:
             same_bytes_bw[nbytes] = copy_bandwidth(max(nbytes // 2, 1), iters)
