@@ -168,7 +168,12 @@ __global__ void __launch_bounds__(kCtThreads) act_tile_kernel(TileParams p, int6
       for (int k = 0; k < 8; ++k) {
         float x[kIn][8];
 #pragma unroll
-        for (int j = 0; j < kIn; ++j) to_float8(staging[(j * 8 + k) * kCtThreads + threadIdx.x], x[j]);
+        for (int j = 0; j < kIn; ++j) {
+          // copied whole first: converted straight from shared memory, it was read 2 bytes
+          // at a time (64 LDS.U16 per row instead of 8 LDS.128; 16-bit inputs)
+          const Vec8<In> raw = staging[(j * 8 + k) * kCtThreads + threadIdx.x];
+          to_float8(raw, x[j]);
+        }
         float y[8];
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
