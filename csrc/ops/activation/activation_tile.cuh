@@ -26,7 +26,6 @@
 #include <set>
 #include <utility>
 
-#include "common/cuda_dependent_launch.cuh"
 #include "common/cuda_elements.cuh"
 #include "common/cuda_reduce.cuh"
 #include "common/cuda_utils.h"
@@ -127,7 +126,9 @@ __global__ void __launch_bounds__(kCtThreads) act_tile_kernel(TileParams p, int6
   constexpr int kSumsBytes = kCtThreads / 32 * kCtTileCols * int(sizeof(float));
   constexpr bool kReuseStaging = kOuts == 1;
   static_assert(act_tile_staging_bytes<In, M>() >= kTileBytes + kSumsBytes, "staging too small to reuse");
-  allow_dependent_launch();  // the bias-gradient finalize may take SMs our last blocks leave free
+  // No early allow_dependent_launch(): the bias-gradient finalize's blocks, resident
+  // while they waited for this grid, took room from its blocks (H200: 0.3-0.7 us slower
+  // than letting the finalize start as our blocks exit, which still saves its launch).
   __shared__ alignas(16) uint8_t own_smem[kReuseStaging ? 16 : kTileBytes + kSumsBytes];
   extern __shared__ uint4 staging_bytes[];  // [kIn][8 rows][threads] of Vec8<In>
   auto* staging = reinterpret_cast<Vec8<In>*>(staging_bytes);
@@ -294,7 +295,7 @@ __global__ void __launch_bounds__(kTileGenericThreads)
     act_tile_generic_kernel(TileParams p, TileMode mode, int64_t col_tiles) {
   __shared__ uint8_t tile[2][kTileGenericCols][kTileGenericCols + 1];  // [half][row][column] FP8 bytes
   __shared__ float sums[2][kTileGenericRowStep][kTileGenericCols];
-  allow_dependent_launch();  // the bias-gradient finalize may take SMs our last blocks leave free
+  // (no early allow_dependent_launch(), as in act_tile_kernel)
   const bool fp8 = is_fp8_dtype(p.out_dtype);
   const int n_out = mode == TileMode::kBwdGated ? 2 : 1;
   const float scale = fp8 ? *p.scale : 1.0f;

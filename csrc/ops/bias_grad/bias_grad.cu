@@ -92,7 +92,8 @@ void dbias_cast_cuda(const DbiasCastParams& p, int device, void* workspace, void
   const int64_t grid = (cols + kFinalizeCols - 1) / kFinalizeCols;
   dispatch_float_dtype(p.dbias_dtype, [&](auto tag) {
     using T = typename CudaType<decltype(tag)::value>::type;
-    // started while the tile kernel's last blocks run; it waits for their partials
+    // started as the tile kernel's blocks exit (they allow no earlier start:
+    // act_tile_kernel); it waits for their partials
     launch_dependent(dbias_finalize_kernel<T>, dim3(unsigned(grid)), dim3(kFinalizeCols * kFinalizeGroups), 0, s,
                      device, "dbias_finalize_kernel", static_cast<const float*>(workspace), static_cast<T*>(p.dbias),
                      row_blocks, cols);
