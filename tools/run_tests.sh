@@ -16,6 +16,8 @@ fi
 # Build and test requirements from PyPI (torch 2.11 matches the GPU machine).
 $PY -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.4" "cmake>=3.24" ninja numpy pytest "torch==2.11.*" \
   lightning accelerate  # the real clients tests/python/test_clients.py runs
+# cuobjdump and nvdisasm (the toolkit here has nvcc only): tests/python/test_kernel_sass.py
+$PY -m pip install -q nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm
 
 echo "== build (pip install ., with the C++ tests)"
 SECONDS=0
