@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Kernel changes against the tree, on the lent GPU machine, in one call: the tree as it is
+# ("base") and the tree with each patch applied, each built (the first from clean, the
+# others by incremental rebuilds of the files a patch touches) and installed into its own
+# directory; then CHECK (a command, e.g. the tests the patches' kernels have) once under
+# each patched build, and the benchmark command under every build in turn, ROUNDS times,
+# so each variant's times come from the same machine and the same minutes as the others'.
+# Every output line of a command is prefixed with its variant's name: [base], [x.patch].
+#
+#   bash tools/device_ab.sh benchmarks/candidates/x.patch -- python3 benchmarks/bench_norm.py --ops bwd
+#   CHECK="pytest -q tests/python/test_normalization.py -k 'bwd and cuda'" ROUNDS=3 \
+#     bash tools/device_ab.sh a.patch b.patch -- python3 benchmarks/bench_norm.py --shapes 8192x5120
+#
+# Patches are `git diff` output against the tree (applied with git apply, which needs no
+# repository). Commands run from the repository root, as device_check.sh's do, with the
+# variant's install directory first on PYTHONPATH.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${ROUNDS:-2}
+CHECK=${CHECK:-}
+AB=${AB_DIR:-/tmp/opente_ab}
+
+patches=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do patches+=("$1"); shift; done
+if [ $# -lt 2 ] || [ ${#patches[@]} -eq 0 ]; then
+  echo "usage: bash tools/device_ab.sh PATCH [PATCH ...] -- COMMAND [ARGS ...]" >&2
+  exit 2
+fi
+shift  # the --
+for patch in "${patches[@]}"; do
+  git apply --check "$patch" || { echo "$patch does not apply to this tree" >&2; exit 2; }
+done
+
+export CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) PYTHONUNBUFFERED=1
+rm -rf "$AB" build/ab
+mkdir -p "$AB"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+
+# Builds the tree as it stands now into $AB/<name>.
+install_variant() {
+  local name=$1
+  SECONDS=0
+  if ! python3 -m pip install --no-build-isolation --no-deps -q . -C build-dir=build/ab --target "$AB/$name" \
+      >"$AB/$name.build.log" 2>&1; then
+    echo "== build of $name failed:"; tail -30 "$AB/$name.build.log"; exit 1
+  fi
+  echo "== $name built in ${SECONDS} s"
+}
+
+variants=(base)
+install_variant base
+for patch in "${patches[@]}"; do
+  name=$(basename "$patch")
+  git apply "$patch" && install_variant "$name"
+  git apply -R "$patch"
+  variants+=("$name")
+done
+
+# Runs "$@" under variant $1's build, each output line prefixed with [variant].
+under() {
+  local name=$1; shift
+  PYTHONPATH="$AB/$name${PYTHONPATH:+:$PYTHONPATH}" "$@" 2>&1 | sed "s|^|[$name] |"
+}
+
+if [ -n "$CHECK" ]; then
+  for name in "${variants[@]:1}"; do under "$name" bash -c "$CHECK" | tail -5; done
+fi
+for round in $(seq "$ROUNDS"); do
+  echo "== round $round"
+  for name in "${variants[@]}"; do under "$name" "$@"; done
+done
