@@ -2,9 +2,10 @@
 # Kernel changes against the tree, on the lent GPU machine, in one call: the tree as it is
 # ("base") and the tree with each patch applied, each built (the first from clean, the
 # others by incremental rebuilds of the files a patch touches) and installed into its own
-# directory; then CHECK (a command, e.g. the tests the patches' kernels have) once under
-# each patched build, and the benchmark command under every build in turn, ROUNDS times,
-# so each variant's times come from the same machine and the same minutes as the others'.
+# directory; CHECK (a command, e.g. the tests of the kernels a patch changes) runs under
+# each patched build while its patch is applied (so tests the patch adds run too); then
+# the benchmark command runs under every build in turn, ROUNDS times, so each variant's
+# times come from the same machine and the same minutes as the others'.
 # Every output line of a command is prefixed with its variant's name: [base], [x.patch].
 #
 #   bash tools/device_ab.sh benchmarks/candidates/x.patch -- python3 benchmarks/bench_norm.py --ops bwd
@@ -47,24 +48,23 @@ install_variant() {
   echo "== $name built in ${SECONDS} s"
 }
 
-variants=(base)
-install_variant base
-for patch in "${patches[@]}"; do
-  name=$(basename "$patch")
-  git apply "$patch" && install_variant "$name"
-  git apply -R "$patch"
-  variants+=("$name")
-done
-
 # Runs "$@" under variant $1's build, each output line prefixed with [variant].
 under() {
   local name=$1; shift
   PYTHONPATH="$AB/$name${PYTHONPATH:+:$PYTHONPATH}" "$@" 2>&1 | sed "s|^|[$name] |"
 }
 
-if [ -n "$CHECK" ]; then
-  for name in "${variants[@]:1}"; do under "$name" bash -c "$CHECK" | tail -5; done
-fi
+variants=(base)
+install_variant base
+for patch in "${patches[@]}"; do
+  name=$(basename "$patch")
+  git apply "$patch"
+  install_variant "$name"
+  if [ -n "$CHECK" ]; then under "$name" bash -c "$CHECK" | tail -5; fi
+  git apply -R "$patch"
+  variants+=("$name")
+done
+
 for round in $(seq "$ROUNDS"); do
   echo "== round $round"
   for name in "${variants[@]}"; do under "$name" "$@"; done
