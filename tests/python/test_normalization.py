@@ -760,11 +760,14 @@ def torch_bwd_fp32(norm, dz, x, w, b, eps, zero_centered):
     return x32.grad.to(x.dtype), w32.grad.to(w.dtype), b32.grad.to(w.dtype) if norm == "layernorm" else None
 
 
-def check_bwd_cuda(norm, rows, hidden, x_dtype, w_dtype, zc, device, gen, misaligned=False, repeat=False):
+def check_bwd_cuda(norm, rows, hidden, x_dtype, w_dtype, zc, device, gen, misaligned=False, repeat=False,
+                   hard_rows=False):
     """The backward on ``device`` against the float64 reference, torch's fp32 autograd and
-    the CPU core: dx, dgamma, dbeta (with ``repeat``, a second call gives the same bits).
-    Returns the CUDA results."""
+    the CPU core: dx, dgamma, dbeta (with ``repeat``, a second call gives the same bits;
+    ``hard_rows``: with_hard_rows' x). Returns the CUDA results."""
     x, w, b = make_inputs((rows,), hidden, x_dtype, w_dtype, zc, gen)
+    if hard_rows:
+        x = with_hard_rows(x).to(x_dtype)
     dz = (2 * torch.randn(x.shape, generator=gen)).to(x_dtype)
     (dx_ref, dg_ref, db_ref), (mu, rs), _ = reference_bwd(norm, dz, x, w, b, 1e-5, zc)
     dev = lambda t: t.to(device) if t is not None else None  # noqa: E731
@@ -792,6 +795,19 @@ def check_bwd_cuda(norm, rows, hidden, x_dtype, w_dtype, zc, device, gen, misali
 def test_bwd_cuda(norm, x_dtype, shape, device, gen):
     rows, hidden = shape
     check_bwd_cuda(norm, rows, hidden, x_dtype, OTHER[x_dtype], rows % 2 == 0, device, gen)
+
+
+@pytest.mark.parametrize("device", ["cpu"] + CUDA)
+@pytest.mark.parametrize("hidden", [64, 1000, 4096, 5120, 12288, 20000], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
+@pytest.mark.parametrize("norm", NORMS)
+def test_bwd_hard_rows(norm, x_dtype, hidden, device, gen):
+    """The backward of test_fwd_hard_rows' rows (an outlier in column 0, or an offset of
+    1000, where mu * rsigma is about 1000 and x hat is its small difference from x *
+    rsigma): dx, dgamma and dbeta within a few times torch's fp32 error. Hidden 4096 takes
+    the rows kernel, 5120 and 12288 (bf16) the pipelined kernel's plain and holding forms,
+    20000 the fallback kernels; on the CPU the core against torch's CPU kernel."""
+    check_bwd_cuda(norm, 30, hidden, x_dtype, torch.float32, False, device, gen, hard_rows=True)
 
 
 @pytest.mark.parametrize("device", CUDA)
