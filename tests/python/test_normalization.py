@@ -804,9 +804,10 @@ def test_bwd_cuda(norm, x_dtype, shape, device, gen):
 def test_bwd_hard_rows(norm, x_dtype, hidden, device, gen):
     """The backward of test_fwd_hard_rows' rows (an outlier in column 0, or an offset of
     1000, where mu * rsigma is about 1000 and x hat is its small difference from x *
-    rsigma): dx, dgamma and dbeta within a few times torch's fp32 error. Hidden 4096 takes
-    the rows kernel, 5120 and 12288 (bf16) the pipelined kernel's plain and holding forms,
-    20000 the fallback kernels; on the CPU the core against torch's CPU kernel."""
+    rsigma): dx, dgamma and dbeta within a few times torch's fp32 error. Hidden 64-4096
+    take the rows kernel, 5120 and 12288 (bf16) the pipelined kernel (in its holding form:
+    fewer rows than SMs), 20000 the fallback kernels; on the CPU the core against torch's
+    CPU kernel."""
     check_bwd_cuda(norm, 30, hidden, x_dtype, torch.float32, False, device, gen, hard_rows=True)
 
 
