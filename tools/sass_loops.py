@@ -4,6 +4,7 @@
     python3 tools/sass_loops.py csrc/ops/norm/norm_bwd_pipelined.cu --kernel "kernel<(te_dtype)6, true"
     python3 tools/sass_loops.py csrc/ops/norm/norm_bwd.cu --kernel norm_bwd_rows_kernel --min 200 --ops
     python3 tools/sass_loops.py /tmp/base/csrc/ops/norm/norm_bwd.cu ...   # a git worktree of another commit
+    python3 tools/sass_loops.py csrc/ops/norm/norm_bwd.cu --against /tmp/base   # a line a kernel: there -> here
 
 Why: the norm, activation and bias-gradient kernels are bound by instruction issue on an
 H200 (benchmarks/RESULTS.md), so the instructions a row costs decide their speed there,
@@ -14,6 +15,10 @@ nesting, with the body's size, its size less the loops nested in it ("own": what
 trip of this loop alone executes, at most, as forward branches may skip part of it) and
 the body's instructions by class. Static counts: a loop that runs k times a row costs k
 times its own count, and a predicated-off instruction still issues.
+
+--against TREE compiles the same file in TREE too (say `git worktree add /tmp/base main`
+before a change) and gives a line a kernel: its row loop's own count (the largest of its
+loops), registers and stack bytes (ptxas's spills), there -> here.
 
 Compile and disassembly as tools/sass_scan.py (nvcc for sm_90a, cuobjdump); the include
 paths are taken from the source's own tree, so a file in a worktree of another commit
@@ -53,20 +58,45 @@ CLASSES = {
 CLASS_OF = {op: name for name, ops in CLASSES.items() for op in ops}
 
 
-def disassemble(source: str, nvcc: str, cuobjdump: str, nvdisasm: str) -> str:
-    source = os.path.abspath(source)
-    tree = source
-    while os.path.basename(tree) != "csrc":  # the tree the include paths are relative to
+def source_tree(source: str) -> str:
+    """The directory holding the csrc/ the source lies in (the include paths' root)."""
+    tree = os.path.abspath(source)
+    while os.path.basename(tree) != "csrc":
         parent = os.path.dirname(tree)
         if parent == tree:
             raise SystemExit(f"{source}: not under a csrc/ directory")
         tree = parent
+    return os.path.dirname(tree)
+
+
+def compiled(source: str, nvcc: str, cuobjdump: str, nvdisasm: str) -> tuple[str, str]:
+    """The source's SASS and its resource usage (cuobjdump -sass, -res-usage)."""
+    env = dict(os.environ, NVDISASM_PATH=os.path.dirname(nvdisasm))
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "kernels.cubin")
-        subprocess.run([nvcc, *NVCC_FLAGS, source, "-o", cubin], cwd=os.path.dirname(tree), check=True)
-        env = dict(os.environ, NVDISASM_PATH=os.path.dirname(nvdisasm))
-        return subprocess.run([cuobjdump, "-sass", cubin], check=True, capture_output=True, text=True,
-                              env=env).stdout
+        subprocess.run([nvcc, *NVCC_FLAGS, os.path.abspath(source), "-o", cubin], cwd=source_tree(source),
+                       check=True)
+        dump = lambda flag: subprocess.run([cuobjdump, flag, cubin], check=True, capture_output=True, text=True,
+                                           env=env).stdout  # noqa: E731
+        return dump("-sass"), dump("-res-usage")
+
+
+def disassemble(source: str, nvcc: str, cuobjdump: str, nvdisasm: str) -> str:
+    return compiled(source, nvcc, cuobjdump, nvdisasm)[0]
+
+
+def resource_usage(text: str) -> dict[str, tuple[int, int]]:
+    """Mangled kernel name -> (registers, stack bytes: ptxas's spills) from cuobjdump -res-usage."""
+    usage, name = {}, None
+    for line in text.splitlines():
+        function = re.match(r"\s*Function (\S+):", line)
+        if function:
+            name = function.group(1)
+            continue
+        numbers = re.search(r"REG:(\d+) STACK:(\d+)", line)
+        if numbers and name:
+            usage[name] = (int(numbers.group(1)), int(numbers.group(2)))
+    return usage
 
 
 def kernel_instructions(sass: str) -> dict[str, list[tuple[int, str, str]]]:
@@ -96,6 +126,11 @@ def loops(instructions: list[tuple[int, str, str]]) -> list[tuple[int, int]]:
     return sorted(found, key=lambda span: (span[0], -span[1]))
 
 
+def nested(spans: list[tuple[int, int]], first: int, last: int) -> list[tuple[int, int]]:
+    """The loops inside the loop (first, last)."""
+    return [span for span in spans if first <= span[0] and span[1] <= last and span != (first, last)]
+
+
 def body_counts(instructions, first: int, last: int, skip: list[tuple[int, int]]) -> collections.Counter:
     counts = collections.Counter()
     for address, opcode, _ in instructions:
@@ -115,10 +150,9 @@ def report(instructions, min_size: int, show_ops: bool) -> list[str]:
     spans = loops(instructions)
     lines = [f"    kernel: {len(instructions)} instructions"]
     for first, last in spans:
-        inner = [(a, b) for a, b in spans if first <= a and b <= last and (a, b) != (first, last)]
         outer = [(a, b) for a, b in spans if a <= first and last <= b and (a, b) != (first, last)]
         body = body_counts(instructions, first, last, [])
-        own = body_counts(instructions, first, last, inner)
+        own = body_counts(instructions, first, last, nested(spans, first, last))
         if sum(body.values()) < min_size:
             continue
         indent = "  " * len(outer)
@@ -130,16 +164,57 @@ def report(instructions, min_size: int, show_ops: bool) -> list[str]:
     return lines
 
 
+def row_loop(instructions) -> int:
+    """The largest own count of the kernel's loops (a row kernel's row loop), 0 without a loop."""
+    spans = loops(instructions)
+    return max((sum(body_counts(instructions, first, last, nested(spans, first, last)).values())
+                for first, last in spans), default=0)
+
+
+def kernel_summaries(source: str, tools: tuple[str, str, str]) -> dict[str, tuple[int, int, int]]:
+    """Demangled kernel name -> (row loop's own count, registers, stack bytes). Demangled: an
+    anonymous namespace's mangled name holds a hash of the file's path, another in a worktree."""
+    sass, resources = compiled(source, *tools)
+    kernels, usage = kernel_instructions(sass), resource_usage(resources)
+    names = list(kernels)
+    return {readable: (row_loop(kernels[name]), *usage.get(name, (0, 0)))
+            for name, readable in zip(names, demangle(names))}
+
+
+def compare(source: str, against: str, tools, kernel_filter: str) -> list[str]:
+    """Each kernel of `source` against the same file of the tree `against`: its row loop's
+    own count, registers and stack bytes, there -> here."""
+    relative = os.path.relpath(os.path.abspath(source), source_tree(source))
+    here, there = kernel_summaries(source, tools), kernel_summaries(os.path.join(against, relative), tools)
+    lines = []
+    for name in sorted(set(here) | set(there)):
+        if kernel_filter not in name:
+            continue
+        (a, ra, sa), (b, rb, sb) = there.get(name, (0, 0, 0)), here.get(name, (0, 0, 0))
+        change = f"{b / a - 1:+4.0%}" if a else "  new" if b else "    -"
+        short = re.sub(r"opente::|\(anonymous namespace\)::|norm_kernels::", "", name)
+        lines.append(f"  {change}  loop {a:4d} -> {b:4d}  registers {ra:3d} -> {rb:3d}  stack {sa:3d} -> {sb:3d}"
+                     f"  {short[:120]}")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sources", nargs="+", help="kernel files")
     parser.add_argument("--kernel", default="", help="only kernels whose demangled name contains this")
     parser.add_argument("--min", type=int, default=0, help="only loops whose body has at least this many instructions")
     parser.add_argument("--ops", action="store_true", help="each loop's own instructions by opcode")
+    parser.add_argument("--against", metavar="TREE",
+                        help="a tree of another commit (a git worktree): each kernel's row loop, registers and "
+                             "stack there -> here, a line a kernel")
     args = parser.parse_args()
-    nvcc, cuobjdump, nvdisasm = find_tool("nvcc"), find_tool("cuobjdump"), find_tool("nvdisasm")
+    tools = find_tool("nvcc"), find_tool("cuobjdump"), find_tool("nvdisasm")
     for source in args.sources:
-        kernels = kernel_instructions(disassemble(source, nvcc, cuobjdump, nvdisasm))
+        if args.against:
+            print(f"{source} (row loop's own instructions, registers, stack bytes: {args.against} -> here)")
+            print("\n".join(compare(source, args.against, tools, args.kernel)))
+            continue
+        kernels = kernel_instructions(disassemble(source, *tools))
         names = list(kernels)
         for mangled, readable in zip(names, demangle(names)):
             if args.kernel not in readable:

@@ -1,8 +1,8 @@
 """tools/sass_loops.py: the loops it finds in SASS and the instructions it counts in them.
 
-The parsing runs on a fixed listing everywhere; one test compiles a small kernel and reads
-its real disassembly (needs nvcc and cuobjdump / nvdisasm, as test_kernel_sass.py; skips
-without them).
+The parsing runs on fixed listings everywhere; one test compiles a small kernel in two
+trees and reads their real disassembly (needs nvcc and cuobjdump / nvdisasm, as
+test_kernel_sass.py; skips without them).
 """
 
 from __future__ import annotations
@@ -64,6 +64,22 @@ def test_loops_and_their_bodies_from_a_listing():
     assert sass_loops.report(instructions, 3, False)[1:] == [lines[1]]  # --min 3 drops the inner loop
 
 
+RESOURCES = """
+Resource usage:
+ Common:
+  GLOBAL:0
+ Function _Z6kernelPf:
+  REG:32 STACK:8 SHARED:0 LOCAL:0 CONSTANT[0]:904 TEXTURE:0 SURFACE:0 SAMPLER:0
+"""
+
+
+def test_resource_usage_and_row_loop():
+    assert sass_loops.resource_usage(RESOURCES) == {"_Z6kernelPf": (32, 8)}
+    # the row loop: the loop with the largest own count (the outer one's 3, not the inner's 2)
+    assert sass_loops.row_loop(sass_loops.kernel_instructions(LISTING)["_Z6kernelPf"]) == 3
+    assert sass_loops.row_loop([]) == 0
+
+
 KERNEL = """
 __global__ void scale_rows(float* x, const float* s, int rows, int cols) {
   for (int r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -94,3 +110,11 @@ def test_loops_of_a_compiled_kernel(tmp_path):
     assert len(inner) >= 2
     body = sass_loops.body_counts(instructions, *outer[0], [])
     assert body["LDG"] >= 2 and body["STG"] >= 1 and body["FADD"] >= 1 and body["FMUL"] >= 1
+
+    # --against: the same file in another tree, here without the scaling's multiply
+    base = tmp_path / "base" / "csrc" / "scale_rows.cu"
+    base.parent.mkdir(parents=True)
+    base.write_text(KERNEL.replace("sum * s[c]", "sum"))
+    (line,) = sass_loops.compare(str(source), str(tmp_path / "base"), tools, "scale_rows")
+    there, here = map(int, line.split("loop")[1].split("registers")[0].split("->"))
+    assert here > there > 0, line  # the multiply and the load of s[c] are in the row loop here
