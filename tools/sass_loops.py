@@ -38,7 +38,9 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sass_scan import NVCC_FLAGS, demangle, find_tool  # noqa: E402
 
-INSTRUCTION = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)\s*([^;]*);")
+# "/*0a30*/  @!P1 FADD.FTZ R1, R2, R3 ;": address, opcode, modifiers, operands (a predicate skipped)
+INSTRUCTION = re.compile(
+    r"^\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)\s*([^;]*);")
 BRANCH_TARGET = re.compile(r"0x([0-9a-f]+)")
 
 # opcode -> class, for the one-line summary of a body (anything else is "other")
@@ -76,8 +78,10 @@ def compiled(source: str, nvcc: str, cuobjdump: str, nvdisasm: str) -> tuple[str
         cubin = os.path.join(tmp, "kernels.cubin")
         subprocess.run([nvcc, *NVCC_FLAGS, os.path.abspath(source), "-o", cubin], cwd=source_tree(source),
                        check=True)
-        dump = lambda flag: subprocess.run([cuobjdump, flag, cubin], check=True, capture_output=True, text=True,
-                                           env=env).stdout  # noqa: E731
+        def dump(flag: str) -> str:
+            return subprocess.run([cuobjdump, flag, cubin], check=True, capture_output=True, text=True,
+                                  env=env).stdout
+
         return dump("-sass"), dump("-res-usage")
 
 
