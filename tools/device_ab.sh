@@ -13,7 +13,7 @@
 #     bash tools/device_ab.sh a.patch b.patch -- python3 benchmarks/bench_norm.py --shapes 8192x5120
 #
 # Patches are `git diff` output against the tree (applied with git apply, which needs no
-# repository). Commands run from the repository root, as device_check.sh's do, with the
+# repository, or patch -p1). Commands run from the repository root, as device_check.sh's do, with the
 # variant's install directory first on PYTHONPATH.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,8 +28,22 @@ if [ $# -lt 2 ] || [ ${#patches[@]} -eq 0 ]; then
   exit 2
 fi
 shift  # the --
+
+# git apply (no repository needed), or patch(1) where git is missing; $1: --check, -R or
+# nothing, $2: the patch.
+apply_patch() {
+  if command -v git >/dev/null; then
+    git apply ${1:+"$1"} "$2"
+  else
+    case "$1" in
+      --check) patch -s -p1 --dry-run <"$2" ;;
+      -R) patch -s -p1 -R <"$2" ;;
+      *) patch -s -p1 <"$2" ;;
+    esac
+  fi
+}
 for patch in "${patches[@]}"; do
-  git apply --check "$patch" || { echo "$patch does not apply to this tree" >&2; exit 2; }
+  apply_patch --check "$patch" || { echo "$patch does not apply to this tree" >&2; exit 2; }
 done
 
 export CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) PYTHONUNBUFFERED=1
@@ -58,10 +72,10 @@ variants=(base)
 install_variant base
 for patch in "${patches[@]}"; do
   name=$(basename "$patch")
-  git apply "$patch"
+  apply_patch "" "$patch"
   install_variant "$name"
   if [ -n "$CHECK" ]; then under "$name" bash -c "$CHECK" | tail -5; fi
-  git apply -R "$patch"
+  apply_patch -R "$patch"
   variants+=("$name")
 done
 
