@@ -6,7 +6,8 @@
 # each patched build while its patch is applied (so tests the patch adds run too); then
 # the benchmark command runs under every build in turn, ROUNDS times, so each variant's
 # times come from the same machine and the same minutes as the others'.
-# Every output line of a command is prefixed with its variant's name: [base], [x.patch].
+# Every output line of a command is prefixed with its variant's name: [base], [x.patch];
+# tools/ab_summary.py puts the bandwidth benchmarks' times side by side from that output.
 #
 #   bash tools/device_ab.sh benchmarks/candidates/x.patch -- python3 benchmarks/bench_norm.py --ops bwd
 #   CHECK="pytest -q tests/python/test_normalization.py -k 'bwd and cuda'" ROUNDS=3 \

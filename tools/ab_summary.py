@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""The bandwidth tables of a tools/device_ab.sh run, side by side: one line an op and shape,
+each variant's time (the median over its rounds) and its ratio to the base build's.
+
+    bash tools/device_ab.sh a.patch -- python3 benchmarks/bench_norm.py --ops bwd > ab.txt
+    python3 tools/ab_summary.py ab.txt          # or: ... | python3 tools/ab_summary.py
+
+Reads the lines device_ab.sh prefixes with a variant's name, "[name] | op | shape | us |
+... | same-bytes % | ...", as benchmarks/timing.py's print_bandwidth_table prints them
+(bench_norm, bench_activation, bench_softmax, bench_rope); other lines are skipped. A
+ratio below 1 is faster than the base. Prints a markdown table for RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import statistics
+import sys
+
+# [variant] | op | shape | OpenTE us | GB/s | of copy BW | of a same-bytes copy | ...
+ROW = re.compile(r"^\[([^\]]+)\] \| ([^|]+?) \| ([^|]+?) \| ([0-9.]+) \| [^|]+ \| [^|]+ \| ([0-9.]+)% \|")
+
+
+def collect(lines) -> tuple[list[str], dict]:
+    """Variants in order of appearance, and (op, shape) -> variant -> [(us, same-bytes %)]."""
+    variants: list[str] = []
+    times: dict = collections.defaultdict(lambda: collections.defaultdict(list))
+    for line in lines:
+        m = ROW.match(line)
+        if not m:
+            continue
+        variant, op, shape, us, fraction = m.group(1), m.group(2), m.group(3), float(m.group(4)), float(m.group(5))
+        if variant not in variants:
+            variants.append(variant)
+        times[(op, shape)][variant].append((us, fraction))
+    return variants, times
+
+
+def table(variants: list[str], times: dict, base: str = "base") -> list[str]:
+    if base not in variants:
+        raise SystemExit(f"no [{base}] lines: is this tools/device_ab.sh output?")
+    others = [v for v in variants if v != base]
+    lines = ["| op | shape | " + " | ".join([f"{base} us (of a same-bytes copy)", *others]) + " |",
+             "|" + "---|" * (3 + len(others))]
+    for (op, shape), by_variant in times.items():
+        def median(variant):
+            runs = by_variant.get(variant)
+            if not runs:
+                return None
+            return statistics.median(us for us, _ in runs), statistics.median(f for _, f in runs)
+
+        base_us = median(base)
+        cells = [f"{base_us[0]:.1f} ({base_us[1]:.1f}%)" if base_us else "-"]
+        for variant in others:
+            m = median(variant)
+            if m is None:
+                cells.append("-")
+            elif base_us:
+                cells.append(f"{m[0]:.1f} ({m[1]:.1f}%), {m[0] / base_us[0]:.3f}x")
+            else:
+                cells.append(f"{m[0]:.1f} ({m[1]:.1f}%)")
+        lines.append(f"| {op} | {shape} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("file", nargs="?", help="device_ab.sh output (default: standard input)")
+    parser.add_argument("--base", default="base", help="the variant the others are divided by")
+    args = parser.parse_args()
+    with (open(args.file) if args.file else sys.stdin) as f:
+        variants, times = collect(f)
+    print("\n".join(table(variants, times, args.base)))
+
+
+if __name__ == "__main__":
+    main()
