@@ -38,6 +38,13 @@ def collect(lines) -> tuple[list[str], dict]:
     return variants, times
 
 
+def median(runs):
+    """(median time, median same-bytes %) of a variant's rounds, None without any."""
+    if not runs:
+        return None
+    return statistics.median(us for us, _ in runs), statistics.median(f for _, f in runs)
+
+
 def table(variants: list[str], times: dict, base: str = "base") -> list[str]:
     if base not in variants:
         raise SystemExit(f"no [{base}] lines: is this tools/device_ab.sh output?")
@@ -45,16 +52,10 @@ def table(variants: list[str], times: dict, base: str = "base") -> list[str]:
     lines = ["| op | shape | " + " | ".join([f"{base} us (of a same-bytes copy)", *others]) + " |",
              "|" + "---|" * (3 + len(others))]
     for (op, shape), by_variant in times.items():
-        def median(variant):
-            runs = by_variant.get(variant)
-            if not runs:
-                return None
-            return statistics.median(us for us, _ in runs), statistics.median(f for _, f in runs)
-
-        base_us = median(base)
+        base_us = median(by_variant.get(base))
         cells = [f"{base_us[0]:.1f} ({base_us[1]:.1f}%)" if base_us else "-"]
         for variant in others:
-            m = median(variant)
+            m = median(by_variant.get(variant))
             if m is None:
                 cells.append("-")
             elif base_us:

@@ -31,12 +31,10 @@ import argparse
 import collections
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sass_scan import NVCC_FLAGS, demangle, find_tool  # noqa: E402
+from sass_scan import compiled, demangle, disassemble, find_tool, source_tree  # noqa: E402
 
 # "/*0a30*/  @!P1 FADD.FTZ R1, R2, R3 ;": address, opcode, modifiers, operands (a predicate skipped)
 INSTRUCTION = re.compile(
@@ -58,35 +56,6 @@ CLASSES = {
     "ctrl": {"BRA", "BSSY", "BSYNC", "EXIT", "RET", "CALL", "JMP", "BMOV", "PREEXIT", "ACQBULK", "WARPGROUP"},
 }
 CLASS_OF = {op: name for name, ops in CLASSES.items() for op in ops}
-
-
-def source_tree(source: str) -> str:
-    """The directory holding the csrc/ the source lies in (the include paths' root)."""
-    tree = os.path.abspath(source)
-    while os.path.basename(tree) != "csrc":
-        parent = os.path.dirname(tree)
-        if parent == tree:
-            raise SystemExit(f"{source}: not under a csrc/ directory")
-        tree = parent
-    return os.path.dirname(tree)
-
-
-def compiled(source: str, nvcc: str, cuobjdump: str, nvdisasm: str) -> tuple[str, str]:
-    """The source's SASS and its resource usage (cuobjdump -sass, -res-usage)."""
-    env = dict(os.environ, NVDISASM_PATH=os.path.dirname(nvdisasm))
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = os.path.join(tmp, "kernels.cubin")
-        subprocess.run([nvcc, *NVCC_FLAGS, os.path.abspath(source), "-o", cubin], cwd=source_tree(source),
-                       check=True)
-        def dump(flag: str) -> str:
-            return subprocess.run([cuobjdump, flag, cubin], check=True, capture_output=True, text=True,
-                                  env=env).stdout
-
-        return dump("-sass"), dump("-res-usage")
-
-
-def disassemble(source: str, nvcc: str, cuobjdump: str, nvdisasm: str) -> str:
-    return compiled(source, nvcc, cuobjdump, nvdisasm)[0]
 
 
 def resource_usage(text: str) -> dict[str, tuple[int, int]]:

@@ -52,13 +52,35 @@ def find_tool(name: str) -> str:
     raise SystemExit(f"{name} not found: `pip install nvidia-cuda-{name}` provides it")
 
 
-def disassemble(source: str, nvcc: str, cuobjdump: str, nvdisasm: str) -> str:
+def source_tree(source: str) -> str:
+    """The directory holding the csrc/ the source lies in (the include paths' root), so a
+    file in a worktree of another commit compiles against that commit's headers."""
+    tree = os.path.abspath(source)
+    while os.path.basename(tree) != "csrc":
+        parent = os.path.dirname(tree)
+        if parent == tree:
+            raise SystemExit(f"{source}: not under a csrc/ directory")
+        tree = parent
+    return os.path.dirname(tree)
+
+
+def compiled(source: str, nvcc: str, cuobjdump: str, nvdisasm: str) -> tuple[str, str]:
+    """The source's SASS and its resource usage (cuobjdump -sass, -res-usage)."""
+    env = dict(os.environ, NVDISASM_PATH=os.path.dirname(nvdisasm))
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "kernels.cubin")
-        subprocess.run([nvcc, *NVCC_FLAGS, source, "-o", cubin], cwd=ROOT, check=True)
-        env = dict(os.environ, NVDISASM_PATH=os.path.dirname(nvdisasm))
-        return subprocess.run([cuobjdump, "-sass", cubin], check=True, capture_output=True, text=True,
-                              env=env).stdout
+        subprocess.run([nvcc, *NVCC_FLAGS, os.path.abspath(source), "-o", cubin], cwd=source_tree(source),
+                       check=True)
+
+        def dump(flag: str) -> str:
+            return subprocess.run([cuobjdump, flag, cubin], check=True, capture_output=True, text=True,
+                                  env=env).stdout
+
+        return dump("-sass"), dump("-res-usage")
+
+
+def disassemble(source: str, nvcc: str, cuobjdump: str, nvdisasm: str) -> str:
+    return compiled(source, nvcc, cuobjdump, nvdisasm)[0]
 
 
 def kernel_counts(sass: str) -> dict[str, collections.Counter]:
