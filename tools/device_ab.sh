@@ -6,6 +6,8 @@
 # each patched build while its patch is applied (so tests the patch adds run too); then
 # the benchmark command runs under every build in turn, ROUNDS times, so each variant's
 # times come from the same machine and the same minutes as the others'.
+# CHECK_LAST=1 runs CHECK under the last patch's build only (where each patch includes the
+# ones before it, its tests cover theirs).
 # Every output line of a command is prefixed with its variant's name: [base], [x.patch];
 # tools/ab_summary.py puts the bandwidth benchmarks' times side by side from that output.
 #
@@ -20,6 +22,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-2}
 CHECK=${CHECK:-}
+CHECK_LAST=${CHECK_LAST:-}
 AB=${AB_DIR:-/tmp/opente_ab}
 
 patches=()
@@ -75,7 +78,9 @@ for patch in "${patches[@]}"; do
   name=$(basename "$patch")
   apply_patch "" "$patch"
   install_variant "$name"
-  if [ -n "$CHECK" ]; then under "$name" bash -c "$CHECK" | tail -5; fi
+  if [ -n "$CHECK" ] && { [ -z "$CHECK_LAST" ] || [ "$patch" = "${patches[-1]}" ]; }; then
+    under "$name" bash -c "$CHECK" | tail -5
+  fi
   apply_patch -R "$patch"
   variants+=("$name")
 done
