@@ -506,6 +506,46 @@ def test_fwd_special_logits_cuda(dtype, sk, device, gen):
     assert (got[0, 0, 0, [0, 5, sk // 2, sk - 1]] == 0).all() and (got[0, 0, 4, : sk - 9] == 0).all()
 
 
+@pytest.mark.parametrize("device", ["cpu", *CUDA])
+# CUDA: the rows kernels that keep their exponentials (aligned and shifted rows), and at
+# 20000 fp32 split over clusters (sm_90), bf16 the long-row kernel
+@pytest.mark.parametrize("sk", [2048, 2047, 20000], ids=lambda s: f"sk{s}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_masked_fwd_special_logits(dtype, sk, device, gen):
+    """The explicit mask with logits the max must not mishandle: unmasked -inf ones give 0;
+    a row whose unmasked logits are all -inf has the masked logit for its max and is zeros
+    (Transformer Engine's rule), as is a fully masked row; an unmasked NaN or +inf makes its
+    row NaN, where a masked one is only masked."""
+    shape = (1, 1, 6, sk)
+    x = make_x(shape, dtype, 2.0, gen)
+    mask = make_mask(shape, gen, density=0.3)  # row 1 fully masked
+    some = [0, 5, sk // 2, sk - 1]
+    x[0, 0, 0, some] = -math.inf
+    mask[0, 0, 0, some] = False
+    x[0, 0, 2] = -math.inf  # row 2: every unmasked logit -inf
+    mask[0, 0, 2, :3] = True
+    x[0, 0, 3, 7] = math.nan
+    mask[0, 0, 3, 7] = False
+    x[0, 0, 4, 7], x[0, 0, 4, 8] = math.nan, math.inf  # masked: no effect
+    mask[0, 0, 4, 7:9] = True
+    x[0, 0, 5, sk // 3] = math.inf
+    mask[0, 0, 5, sk // 3] = False
+    out = torch.full(shape, 0.5, dtype=dtype, device=device)  # unwritten elements show
+    got = core_fwd("masked", x.to(device), mask.to(device), 1.5, out).cpu().double()
+    logits = (x.double() * f32(1.5)).masked_fill(mask, -10000.0)
+    ref = torch.softmax(logits, -1)
+    zero = (logits.amax(-1, keepdim=True) == -10000.0).expand(shape)
+    ref = ref.masked_fill(zero, 0.0)
+    assert torch.equal(got.isnan(), ref.isnan()) and got[0, 0, [3, 5]].isnan().all()
+    assert (got[0, 0, 1:3] == 0).all() and (got[0, 0, 0, some] == 0).all()
+    finite = ~ref.isnan()
+    # the forward's bound (the module docstring) with A over the finite unmasked logits, twice
+    # for CUDA, plus the output dtype's rounding
+    a = logits.abs()[x.isfinite() & ~mask].max().item()
+    rtol = 4 * (8 * a + sk + 4) * 2.0**-24 + (0 if dtype == torch.float32 else 2.0**-8)
+    assert torch.allclose(got[finite], ref[finite], rtol=rtol, atol=2.0**-125)
+
+
 @pytest.mark.parametrize("device", CUDA)
 @pytest.mark.parametrize("sk", LARGE_SK, ids=lambda s: f"sk{s}")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
