@@ -64,23 +64,21 @@ def source_tree(source: str) -> str:
     return os.path.dirname(tree)
 
 
-def compiled(source: str, nvcc: str, cuobjdump: str, nvdisasm: str) -> tuple[str, str]:
-    """The source's SASS and its resource usage (cuobjdump -sass, -res-usage)."""
+def compiled(source: str, nvcc: str, cuobjdump: str, nvdisasm: str,
+             dumps: tuple[str, ...] = ("-sass", "-res-usage")) -> tuple[str, ...]:
+    """cuobjdump's listings of the compiled source, one a flag of `dumps` (by default its
+    SASS and its resource usage)."""
     env = dict(os.environ, NVDISASM_PATH=os.path.dirname(nvdisasm))
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "kernels.cubin")
         subprocess.run([nvcc, *NVCC_FLAGS, os.path.abspath(source), "-o", cubin], cwd=source_tree(source),
                        check=True)
-
-        def dump(flag: str) -> str:
-            return subprocess.run([cuobjdump, flag, cubin], check=True, capture_output=True, text=True,
-                                  env=env).stdout
-
-        return dump("-sass"), dump("-res-usage")
+        return tuple(subprocess.run([cuobjdump, flag, cubin], check=True, capture_output=True, text=True,
+                                    env=env).stdout for flag in dumps)
 
 
 def disassemble(source: str, nvcc: str, cuobjdump: str, nvdisasm: str) -> str:
-    return compiled(source, nvcc, cuobjdump, nvdisasm)[0]
+    return compiled(source, nvcc, cuobjdump, nvdisasm, dumps=("-sass",))[0]
 
 
 def kernel_counts(sass: str) -> dict[str, collections.Counter]:

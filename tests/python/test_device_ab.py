@@ -51,10 +51,14 @@ def tree(tmp_path):
     return repo, patches, env
 
 
-def run_ab(repo, patches, env, **extra):
+def device_ab(repo, patches, env, **extra):
     env = dict(env, CHECK="echo checked $(tail -1 notes.txt)", **extra)
-    out = subprocess.run(["bash", "tools/device_ab.sh", *patches, "--", "python3", "bench.py"], cwd=repo, env=env,
-                         capture_output=True, text=True, timeout=60)
+    return subprocess.run(["bash", "tools/device_ab.sh", *patches, "--", "python3", "bench.py"], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def run_ab(repo, patches, env, **extra):
+    out = device_ab(repo, patches, env, **extra)
     assert out.returncode == 0, out.stderr
     assert (repo / "notes.txt").read_text() == "base\n"  # every patch reverted
     return out.stdout.splitlines()
@@ -79,7 +83,6 @@ def test_check_last_only(tree):
 def test_a_patch_that_does_not_apply_stops_it_first(tree):
     repo, patches, env = tree
     (repo / "notes.txt").write_text("changed\n")
-    out = subprocess.run(["bash", "tools/device_ab.sh", *patches, "--", "python3", "bench.py"], cwd=repo, env=env,
-                         capture_output=True, text=True, timeout=60)
+    out = device_ab(repo, patches, env)
     assert out.returncode == 2 and "does not apply" in out.stderr
     assert "built" not in out.stdout
