@@ -180,7 +180,7 @@ TEST(NormRowShape, TiledForward) {
             // the row kernel's shape for the same call (16-bit rows with an FP8 y take the
             // extra chunk counts: three where they fill more lanes, 5-6 on a warp at 1025-1536)
             const NormRowShape plain = opente::norm_fwd_row_shape(hidden, !fp32);
-            // the buckets norm_fwd_tiled.cu instantiates: the small one's with the row kernel's
+            // the buckets launch_norm_fwd_tiled instantiates: the small one's with the row kernel's
             // row groups (the same sums), kNormFwdChunks above, 5 or 6 for 16-bit warp rows
             const bool warp_rows = !fp32 && hidden >= opente::kNormFwdWarpRowMinHidden &&
                                    hidden <= opente::kNormFwdWarpRowMaxHidden;

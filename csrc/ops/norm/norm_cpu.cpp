@@ -51,7 +51,7 @@ void norm_fwd_typed(const NormFwdParams& p) {
     }
     float variance = float(sum_sq / double(hidden));
     if (layernorm) {
-      // The corrected two-pass statistics, as the CUDA kernels (norm_fwd.cu): the
+      // The corrected two-pass statistics, as the CUDA kernels (norm_fwd_kernel.cuh): the
       // deviations' sum moves mu onto the mean and takes its square off the variance.
       const float correction = float(sum_d / double(hidden));
       mu += correction;

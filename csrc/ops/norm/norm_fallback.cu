@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kThreads) norm_fwd_fallback_kernel(NormFwdPara
       sum_sq += d * d;
     }
     float variance = block_sum(sum_sq) / float(hidden);
-    if (layernorm) {  // the corrected two-pass statistics of norm_fwd.cu, for every dtype (an untuned path)
+    if (layernorm) {  // the corrected two-pass statistics of norm_fwd_kernel.cuh, for every dtype (an untuned path)
       const float correction = block_sum(sum_d) / float(hidden);
       mu += correction;
       variance -= correction * correction;

@@ -1,5 +1,5 @@
-// The LayerNorm and RMSNorm forward kernel of the register path (norm_fwd.cu launches
-// it; norm_fwd_tiled.cu its tiled form, both FP8 copies in one pass).
+// The LayerNorm and RMSNorm forward kernel of the register path (norm_fwd_rows_launch.cuh
+// launches it; norm_fwd_tiled_launch.cuh its tiled form, both FP8 copies in one pass).
 //
 // A row group (norm_launch.h: a few lanes of a warp for short rows, one warp up to
 // hidden 1024, several warps above) reads its row once into registers as 16-byte
@@ -13,7 +13,7 @@
 // one wave was 2-5% slower), except where the kernel takes an amax (an FP8 y, or a
 // float y's), which costs a reduction and an atomic per block (per row group for rows
 // of several warps): there at most four waves (two for rows shorter than a warp), and
-// at least two row groups a block (see norm_fwd_cuda).
+// at least two row groups a block (see launch_norm_fwd_rows).
 //
 // The tiled forms (kTile, norm_fwd_tiled.cu) walk tiles of consecutive rows instead:
 // the row groups normalize a tile's rows in turn, the FP8 bytes of each go to the

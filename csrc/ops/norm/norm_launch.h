@@ -219,11 +219,22 @@ int64_t norm_resident_grid(const void* kernel, const NormRowShape& shape, size_t
 bool norm_bwd_pipelined_takes(const NormBwdParams& p);
 int64_t norm_bwd_pipelined_cuda(const NormBwdParams& p, int device, float* partials, void* stream);
 
+// The row forward's launch (norm_fwd_rows_launch.cuh) for input kIn, y kOut, 16-byte
+// vectors of the row or element by element (kVectorized), and whether a float y takes
+// its amax (kFloatAmax); norm_fwd.cu calls it, the norm_fwd_rows_<y dtype>.cu files
+// instantiate it.
+template <te_dtype kIn, te_dtype kOut, bool kVectorized, bool kFloatAmax>
+void launch_norm_fwd_rows(const NormFwdParams& p, const NormRowShape& shape, int device, void* stream);
+
 // The tiled forward (norm_fwd_tiled.cu): whether it takes this call (an FP8 y with its
 // transposed copy, a shape norm_fwd_tile_shape takes on `device`, rows % 8 == 0, aligned buffers),
 // and its launch.
 bool norm_fwd_tiled_takes(const NormFwdParams& p, int device);
 void norm_fwd_tiled_cuda(const NormFwdParams& p, int device, void* stream);
+// Its launch (norm_fwd_tiled_launch.cuh) for input kIn and FP8 y kOut, of the call's tile
+// shape; norm_fwd_tiled_e4m3.cu and norm_fwd_tiled_e5m2.cu instantiate it.
+template <te_dtype kIn, te_dtype kOut>
+void launch_norm_fwd_tiled(const NormFwdParams& p, const NormFwdTileShape& tile, int device, void* stream);
 
 // Fallback kernels for rows too long for registers.
 void norm_fwd_fallback_cuda(const NormFwdParams& p, int device, void* stream);
