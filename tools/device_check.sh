@@ -46,6 +46,10 @@ if step build; then
   (cd / && python3 -c "from transformer_engine import _core; print(_core.__file__, 'built_with_cuda', _core.built_with_cuda())")
   note "$(grep -m1 -o 'cuDNN fused attention [A-Z]*' "$OUT/build.log" || echo 'cuDNN fused attention: not reported')"
   note "compiler: $(grep -m1 -E 'The CXX compiler identification' "$OUT/build.log" || c++ --version | head -1)"
+  # where the build's time went: its longest files, and its compile steps on these cores
+  if [ -f build/device/.ninja_log ]; then
+    python3 tools/build_times.py build/device/.ninja_log --cores "$JOBS" --longest 5 | tee -a "$OUT/summary.txt"
+  fi
 fi
 
 if step tests; then
