@@ -1,4 +1,4 @@
-// How the CUDA softmax kernels (softmax.cu) lay a row on threads: the row kernels'
+// How the CUDA softmax kernels (softmax_fwd.cu, softmax_bwd.cu) lay a row on threads: the row kernels'
 // group of threads, the vectors each thread holds, the blocks of a split row, or the
 // long-row kernels. Plain C++, so that the CPU test suite checks the choice for every
 // row length (tests/cpp/test_softmax_row_plan.cpp); a GPU run meets only the lengths
