@@ -16,7 +16,9 @@ which wait for every object, are left out). It is a lower bound on cores as fast
 
 Ninja appends a line each time it runs a step (start and end in ms, the output); the last
 line of each output is the one that counts, so run it on a build folder built once from
-empty, or after a clean (`ninja -t clean`).
+empty, or after a clean (`ninja -t clean`). The times are each step's wall time: with more
+jobs than cores (Ninja's default is the cores + 2, as in `pip install .`) steps share cores
+and each looks longer, so build with `-j` at most the cores for these figures.
 """
 
 from __future__ import annotations
