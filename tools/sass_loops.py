@@ -34,7 +34,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sass_scan import compiled, demangle, disassemble, find_tool, source_tree  # noqa: E402
+from sass_scan import compiled, demangle, disassemble, find_tool, kernel_lines, source_tree  # noqa: E402
 
 # "/*0a30*/  @!P1 FADD.FTZ R1, R2, R3 ;": address, opcode, modifiers, operands (a predicate skipped)
 INSTRUCTION = re.compile(
@@ -74,17 +74,9 @@ def resource_usage(text: str) -> dict[str, tuple[int, int]]:
 
 def kernel_instructions(sass: str) -> dict[str, list[tuple[int, str, str]]]:
     """Mangled kernel name -> its instructions as (address, opcode, operands), NOPs left out."""
-    kernels: dict[str, list[tuple[int, str, str]]] = {}
-    current = None
-    for line in sass.splitlines():
-        name = re.search(r"Function : (\S+)", line)
-        if name:
-            current = kernels.setdefault(name.group(1), [])
-            continue
-        m = INSTRUCTION.match(line)
-        if m and current is not None and m.group(2) != "NOP":
-            current.append((int(m.group(1), 16), m.group(2), m.group(4)))
-    return kernels
+    return {name: [(int(m.group(1), 16), m.group(2), m.group(4))
+                   for m in map(INSTRUCTION.match, lines) if m and m.group(2) != "NOP"]
+            for name, lines in kernel_lines(sass).items()}
 
 
 def loops(instructions: list[tuple[int, str, str]]) -> list[tuple[int, int]]:

@@ -31,7 +31,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sass_scan import compiled, demangle, find_tool  # noqa: E402
+from sass_scan import compiled, demangle, find_tool, kernel_lines  # noqa: E402
 
 # an instruction as the disassembly writes it, between its address comment and its ';'
 INSTRUCTION = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+([^;]*);")
@@ -40,17 +40,9 @@ INSTRUCTION = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+([^;]*);")
 def kernel_code(sass: str) -> dict[str, list[str]]:
     """Mangled kernel name -> its instructions' text, in order (NOPs, the padding after its
     end, left out)."""
-    kernels: dict[str, list[str]] = {}
-    current = None
-    for line in sass.splitlines():
-        name = re.search(r"Function : (\S+)", line)
-        if name:
-            current = kernels.setdefault(name.group(1), [])
-            continue
-        m = INSTRUCTION.match(line)
-        if m and current is not None and m.group(2).strip() != "NOP":
-            current.append(" ".join(m.group(2).split()))
-    return kernels
+    return {name: [" ".join(m.group(2).split())
+                   for m in map(INSTRUCTION.match, lines) if m and m.group(2).strip() != "NOP"]
+            for name, lines in kernel_lines(sass).items()}
 
 
 def readable_kernels(sass_texts: list[str]) -> dict[str, list[list[str]]]:

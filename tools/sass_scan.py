@@ -81,17 +81,25 @@ def disassemble(source: str, nvcc: str, cuobjdump: str, nvdisasm: str) -> str:
     return compiled(source, nvcc, cuobjdump, nvdisasm, dumps=("-sass",))[0]
 
 
-def kernel_counts(sass: str) -> dict[str, collections.Counter]:
-    """Mangled kernel name -> counts of "LDS.128", "LDG.U16", "STL" ... (width "32" if none)."""
-    kernels: dict[str, collections.Counter] = {}
-    counts = None
+def kernel_lines(sass: str) -> dict[str, list[str]]:
+    """Mangled kernel name -> the disassembly's lines under its "Function :" header."""
+    kernels: dict[str, list[str]] = {}
+    lines = None
     for line in sass.splitlines():
         name = re.search(r"Function : (\S+)", line)
         if name:
-            counts = kernels.setdefault(name.group(1), collections.Counter())
-            continue
-        op = MEMORY_OP.search(line)
-        if op and counts is not None:
+            lines = kernels.setdefault(name.group(1), [])
+        elif lines is not None:
+            lines.append(line)
+    return kernels
+
+
+def kernel_counts(sass: str) -> dict[str, collections.Counter]:
+    """Mangled kernel name -> counts of "LDS.128", "LDG.U16", "STL" ... (width "32" if none)."""
+    kernels: dict[str, collections.Counter] = {}
+    for name, lines in kernel_lines(sass).items():
+        counts = kernels[name] = collections.Counter()
+        for op in filter(None, map(MEMORY_OP.search, lines)):
             width = WIDTH.search(op.group(2))
             counts[f"{op.group(1)}.{width.group(1) if width else '32'}"] += 1
     return kernels
