@@ -863,13 +863,15 @@ def test_bwd_cuda_long_rows_block_pairs(x_dtype, hidden, rows, device, gen):
 
 @pytest.mark.parametrize("device", CUDA)
 @pytest.mark.parametrize("rows", [3, 200, 1000], ids=lambda r: f"rows{r}")
-@pytest.mark.parametrize("hidden", [8200, 8704, 9216, 9224, 11264, 12288, 12296], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("hidden", [5128, 6144, 8200, 8704, 9216, 9224, 11264, 12288, 12296], ids=lambda h: f"h{h}")
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
 @pytest.mark.parametrize("norm", NORMS)
 def test_bwd_cuda_long_rows_forms(norm, x_dtype, hidden, rows, device, gen):
     """The pipelined kernel's register forms: hidden 8193 to 9216 its 56-register form, two
     blocks an SM; 9217 to 12288 its 80-register form, x hat and dz * gamma held across the
-    row's reduction (and every hidden up to there with 3 rows); 12296 the plain one.
+    row's reduction (and every hidden up to there with 3 rows, and 5121 to 6144 where it
+    runs two blocks an SM as the plain form: 5128, 6144, not bf16 rmsnorm); 12296 the
+    plain one.
     Layernorm's blocks run in pairs from 200 rows, several rows a block from 1000. Against
     the references, and a second call gives the same bits."""
     check_bwd_cuda(norm, rows, hidden, x_dtype, torch.float32, rows % 2 == 1, device, gen, repeat=True)

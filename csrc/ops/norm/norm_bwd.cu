@@ -106,9 +106,10 @@ struct RowInputs {
   __device__ __forceinline__ static void stage(uint4* buffer, int stage_words, const NormBwdParams& p,
                                                const In* dz_rows, const In* x_rows, int64_t r,
                                                const RowGroup& group) {
-    const int limit = r < p.rows ? int(p.hidden) : 0;
-    RowShare<In, kChunks, kVectorized>::stage(buffer, dz_rows + r * p.hidden, p.dz, group, limit);
-    RowShare<In, kChunks, kVectorized>::stage(buffer + stage_words, x_rows + r * p.hidden, p.x, group, limit);
+    const bool active = r < p.rows;
+    const int64_t offset = (active ? r : 0) * p.hidden;  // row 0 stands in past the last row (copies nothing)
+    RowShare<In, kChunks, kVectorized>::stage(buffer, dz_rows + offset, group, active ? int(p.hidden) : 0);
+    RowShare<In, kChunks, kVectorized>::stage(buffer + stage_words, x_rows + offset, group, active ? int(p.hidden) : 0);
   }
 
   __device__ __forceinline__ void load_staged(const uint4* buffer, int stage_words) {
@@ -127,15 +128,15 @@ struct RowInputs {
     return make_float2(layernorm && active ? p.mu[r] : 0.0f, active ? p.rsigma[r] : 0.0f);
   }
 
-  // Chunk j's x hat (0 past the row) and dz * gamma.
-  __device__ __forceinline__ void xhat_and_dyg(const float* gamma_tile, const RowGroup& group, int j, int hidden,
+  // Chunk j's x hat and dz * gamma (past the row: dz * gamma 0, x hat finite).
+  template <bool kLayerNorm>
+  __device__ __forceinline__ void xhat_and_dyg(const float* gamma_tile, const RowGroup& group, int j,
                                                float (&xhat)[kChunk], float (&dyg)[kChunk]) const {
     float gamma[kChunk];
     read_weights(gamma_tile, group, j, gamma);
-    const int col = group.column(j);
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) {
-      xhat[i] = in_row<kVectorized>(col, i, hidden) ? (x.at(j, i) - mu) * rsigma : 0.0f;
+      xhat[i] = bwd_xhat<kLayerNorm>(x.at(j, i), mu, rsigma);
       dyg[i] = dz.at(j, i) * gamma[i];
     }
   }
@@ -245,6 +246,7 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads)
   // this thread's columns, over its rows (unused with kSharedSums)
   float dgamma[kChunks][kChunk] = {}, dbeta[kChunks][kChunk] = {};
   RowReduction<RowSums> reduction(scratch, group);
+  const float inv_hidden = 1.0f / float(hidden);
 
   // Block-uniform trip count, as in the forward.
   const In* dz_rows = static_cast<const In*>(p.dz);  // [rows, hidden]
@@ -280,9 +282,10 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads)
       row.load(p, dz_rows, x_rows, r, group, kLayerNorm);
     }
 
-    // The CPU reference's formulas, element by element. Past the row dz = 0 and
-    // xhat = 0, so every sum skips the column (gamma's tile holds 0 there too); a
-    // group past the last row has dz = 0 and rsigma = 0 throughout.
+    // The CPU reference's formulas, element by element. Past the row dz = 0 and x = 0
+    // (the loads' zero fill), so x hat is finite there and every sum adds 0 for the
+    // column (gamma's tile holds 0 there too); a group past the last row has dz = 0 and
+    // rsigma = 0 throughout.
     float sum_dyg = 0.0f, sum_dyg_xhat = 0.0f;
     // x hat and dz * gamma, held for dx when kHold (sums in registers: faster than
     // recomputing them), recomputed there otherwise (the long rows' registers went to
@@ -292,7 +295,7 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads)
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       float xhat[kChunk], dyg[kChunk], dyg_xhat[kChunk];
-      row.xhat_and_dyg(gamma_tile, group, j, hidden, xhat, dyg);
+      row.template xhat_and_dyg<kLayerNorm>(gamma_tile, group, j, xhat, dyg);
       if constexpr (kHold) {
 #pragma unroll
         for (int i = 0; i < kChunk; ++i) held_xhat[j][i] = xhat[i], held_dyg[j][i] = dyg[i];
@@ -314,7 +317,7 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads)
       if constexpr (kLayerNorm) sum_dyg += chunk_sum(dyg);
       sum_dyg_xhat += chunk_sum(dyg_xhat);
     }
-    const float2 means = bwd_row_means<kLayerNorm>(reduction, sum_dyg, sum_dyg_xhat, hidden);
+    const float2 means = bwd_row_means<kLayerNorm>(reduction, sum_dyg, sum_dyg_xhat, inv_hidden);
     const float mean_dyg = means.x, mean_dyg_xhat = means.y;
 
     if (r < p.rows) {
@@ -326,7 +329,7 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads)
 #pragma unroll
           for (int i = 0; i < kChunk; ++i) xhat[i] = held_xhat[j][i], dyg[i] = held_dyg[j][i];
         } else {
-          row.xhat_and_dyg(gamma_tile, group, j, hidden, xhat, dyg);
+          row.template xhat_and_dyg<kLayerNorm>(gamma_tile, group, j, xhat, dyg);
         }
 #pragma unroll
         for (int i = 0; i < kChunk; ++i) dx[i] = row.rsigma * (dyg[i] - mean_dyg - xhat[i] * mean_dyg_xhat);

@@ -11,10 +11,11 @@
 // arithmetic and stores. The row is read from shared memory twice (the sums, then
 // dx), so no register holds it across the row's reduction, and each thread keeps its
 // 16 columns' sums (dgamma, dbeta) in registers: 64 registers, blocks of up to 1024
-// threads. Two other forms (PipelinedForm) where that runs one block an SM: 56
-// registers for hidden 8193 to 9216, two blocks an SM (layernorm's spills 8-32 bytes
-// there, and still gained 7-11%); 80 for hidden 9217 to 12288, holding x hat and
-// dz * gamma for dx instead of reading the row again (3-6% faster). (32 columns a
+// threads. Two other forms (PipelinedForm): where that runs one block an SM, 56
+// registers for hidden 8193 to 9216, two blocks an SM (layernorm's spills 32 bytes
+// there, and still gained 7-11%); where it keeps as many blocks an SM (hidden 9217 to
+// 12288, and 5121 to 6144 but for bf16 rmsnorm), 80, holding x hat and dz * gamma for dx
+// instead of reading the row again (3-6% faster at 9217-12288, H100). (32 columns a
 // thread, in half the threads and 128 registers, was 1-3% slower at hidden 5120 and
 // 8192 and the same at 12288 and 16384; H100. Three stages,
 // two rows in flight, where the smem fits them: 12288 no faster, 5120 and 8192 5-15%
@@ -60,16 +61,16 @@ __device__ __forceinline__ Vec8<In> staged_chunk(const uint4* stage, int j) {
 
 constexpr int kChunks = kNormBwdPipelinedChunks;
 
-// The kernel's register bounds, chosen by norm_bwd_pipelined_cuda where the plain form
-// runs one block an SM:
+// The kernel's register bounds, chosen by norm_bwd_pipelined_cuda:
 // - kPlain: blocks of up to 1024 threads; a minimum of 0 blocks leaves ptxas its own
 //   choice under 64 registers (59 for rmsnorm).
-// - kCompact: 56 registers (blocks of up to 576 threads, two an SM), for rows of hidden
-//   8193 to 9216 (544 to 576 threads), whose blocks at the plain form's registers are one
-//   an SM though their shared memory fits two.
-// - kHolding: 80 registers (blocks of up to 768 threads, one an SM), for hidden 9217 to
-//   12288 (and for fewer rows than SMs up to there), whose blocks are one an SM anyway
-//   (their shared memory, 111-148 KiB, fits one): x hat and dz * gamma are held across
+// - kCompact: 56 registers (blocks of up to 576 threads, two an SM), where the plain form
+//   runs one block an SM: rows of hidden 8193 to 9216 (544 to 576 threads), whose shared
+//   memory fits two.
+// - kHolding: 80 registers (blocks of up to 768 threads), where it runs as many blocks an
+//   SM as the plain form: hidden 9217 to 12288, whose blocks are one an SM anyway (their
+//   shared memory, 111-148 KiB, fits one), 5121 to 6144 (two; not bf16 rmsnorm, whose
+//   plain form runs three), and fewer rows than SMs. x hat and dz * gamma are held across
 //   the row's reduction instead of recomputed from the staged row for dx, so a row takes
 //   fewer instructions (layernorm spills 4-12 bytes).
 enum class PipelinedForm { kPlain, kCompact, kHolding };
@@ -112,14 +113,16 @@ __global__ void __launch_bounds__(form_max_threads(kForm), form_min_blocks(kForm
   // Copies row r's dz and x into `stage` (zeros past the last row: no traffic) as one
   // commit group. Each thread copies and later reads only its own words: no barrier.
   auto stage_row = [&](uint4* stage, int64_t r) {
-    const int limit = r < p.rows ? hidden : 0;
-    Share::stage(stage, dz_rows + r * p.hidden, p.dz, group, limit);
-    Share::stage(stage + stage_words, x_rows + r * p.hidden, p.x, group, limit);
+    const bool active = r < p.rows;
+    const int64_t offset = (active ? r : 0) * p.hidden;  // row 0 stands in past the last row (copies nothing)
+    Share::stage(stage, dz_rows + offset, group, active ? hidden : 0);
+    Share::stage(stage + stage_words, x_rows + offset, group, active ? hidden : 0);
     commit_async_copies();
   };
 
   float dgamma[kChunks][kChunk] = {}, dbeta[kLayerNorm ? kChunks : 1][kChunk] = {};
-  RowReduction<RowSums, kMaxWarps> reduction(scratch, group);
+  RowReduction<RowSums, kMaxWarps, false, true> reduction(scratch, group);  // blocks of whole warps
+  const float inv_hidden = 1.0f / float(hidden);
   const int64_t stride = gridDim.x;
   int64_t r = blockIdx.x;
   stage_row(stages, r);
@@ -132,17 +135,17 @@ __global__ void __launch_bounds__(form_max_threads(kForm), form_min_blocks(kForm
     const float mu = kLayerNorm ? p.mu[r] : 0.0f, rsigma = p.rsigma[r];
     wait_async_copies<1>();  // this row's group; the next row's stays in flight
 
-    // The CPU reference's formulas, as norm_bwd.cu's. x hat is 0 past the row (a chunk
-    // lies wholly in it or past it), dz is 0 there, and so is gamma's tile.
+    // The CPU reference's formulas, as norm_bwd.cu's. Past the row
+    // (a chunk lies wholly in it or past it) dz is 0 and so is gamma's tile, and x is 0
+    // (the stage's zero fill), so x hat is finite there and adds 0 to every sum.
     auto xhat_and_dyg = [&](int j, float (&xhat)[kChunk], float (&dyg)[kChunk], float (&dz)[kChunk]) {
       const Vec8<In> dz_raw = staged_chunk<In>(dz_stage, j), x_raw = staged_chunk<In>(x_stage, j);
       float gamma[kChunk];
       read_weights(gamma_tile, group, j, gamma);
-      const bool in_row = group.column(j) < hidden;
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) {
         dz[i] = element_as_float(dz_raw, i);
-        xhat[i] = in_row ? (element_as_float(x_raw, i) - mu) * rsigma : 0.0f;
+        xhat[i] = bwd_xhat<kLayerNorm>(element_as_float(x_raw, i), mu, rsigma);
         dyg[i] = dz[i] * gamma[i];
       }
     };
@@ -166,7 +169,7 @@ __global__ void __launch_bounds__(form_max_threads(kForm), form_min_blocks(kForm
       if constexpr (kLayerNorm) sum_dyg += chunk_sum(dyg);
       sum_dyg_xhat += chunk_sum(dyg_xhat);
     }
-    const float2 means = bwd_row_means<kLayerNorm>(reduction, sum_dyg, sum_dyg_xhat, hidden);
+    const float2 means = bwd_row_means<kLayerNorm>(reduction, sum_dyg, sum_dyg_xhat, inv_hidden);
     const float mean_dyg = means.x, mean_dyg_xhat = means.y;
 
     In* dx_row = static_cast<In*>(p.dx) + r * p.hidden;  // [hidden]
@@ -312,22 +315,28 @@ int64_t norm_bwd_pipelined_cuda(const NormBwdParams& p, int device, float* parti
     // 180.7, 16384 x 9216 355.0 / 345.7. Where it would take three blocks an SM to four
     // (hidden 4104-4608) or two to three (5128-6144) it was 1-8% slower (rmsnorm 16384 x
     // 6144 220.9 / 238.2): spread over more blocks, the SM's rows do not go faster.
-    // Else, at one block an SM, the holding form where its blocks fit (H100, us, plain /
-    // holding): layernorm 4096 x 9728 111.4 / 108.5, 8192 x 10240 212.9 / 206.5, 4096 x
-    // 11264 124.1 / 120.1, 4096 x 12288 130.2 / 126.8, 8192 x 12288 241.4 / 233.1;
-    // rmsnorm 104.8 / 100.7, 201.5 / 190.4, 115.5 / 110.1, 123.1 / 118.6, 225.5 / 219.2.
-    if (grid <= multiprocessor_count(device)) {
-      bool compact = false;
-      if (shape.threads_per_row <= kCompactMaxThreads) {
-        const void* compact_fn = reinterpret_cast<const void*>(compact_kernel);
-        const int64_t compact_grid =
-            std::min(norm_resident_grid(compact_fn, shape, smem, p.rows, device), kNormMaxRowBlocks);
-        if (compact_grid > grid) kernel = compact_kernel, fn = compact_fn, grid = compact_grid, compact = true;
-      }
-      if (!compact && shape.threads_per_row <= kHoldingMaxThreads) {
-        kernel = holding_kernel, fn = reinterpret_cast<const void*>(holding_kernel);
-        grid = std::min(norm_resident_grid(fn, shape, smem, p.rows, device), kNormMaxRowBlocks);
-      }
+    // Else the holding form wherever it keeps the plain form's blocks an SM: at one block
+    // an SM (H100, us, plain / holding): layernorm 4096 x 9728 111.4 / 108.5, 8192 x 10240
+    // 212.9 / 206.5, 4096 x 11264 124.1 / 120.1, 4096 x 12288 130.2 / 126.8, 8192 x 12288
+    // 241.4 / 233.1; rmsnorm 104.8 / 100.7, 201.5 / 190.4, 115.5 / 110.1, 123.1 / 118.6,
+    // 225.5 / 219.2; and at two blocks an SM at hidden 5121-6144 (blocks of 321-384
+    // threads: layernorm's, and fp16 rmsnorm's, whose 57 registers are allocated as 64;
+    // bf16 rmsnorm's plain form, at 54, runs three there), where a row takes about a sixth
+    // fewer instructions (SASS, bf16 layernorm 565 -> 469 a trip of 16 elements a thread),
+    // which an H200 bound by issue needs: layernorm 8192 x 6144 100.0 / 94.6 us (H200, a
+    // build whose x hat was one FFMA; both forms a row trip about 30 instructions shorter).
+    bool compact = false;
+    if (grid <= multiprocessor_count(device) && shape.threads_per_row <= kCompactMaxThreads) {
+      const void* compact_fn = reinterpret_cast<const void*>(compact_kernel);
+      const int64_t compact_grid =
+          std::min(norm_resident_grid(compact_fn, shape, smem, p.rows, device), kNormMaxRowBlocks);
+      if (compact_grid > grid) kernel = compact_kernel, fn = compact_fn, grid = compact_grid, compact = true;
+    }
+    if (!compact && shape.threads_per_row <= kHoldingMaxThreads) {
+      const void* holding_fn = reinterpret_cast<const void*>(holding_kernel);
+      const int64_t holding_grid =
+          std::min(norm_resident_grid(holding_fn, shape, smem, p.rows, device), kNormMaxRowBlocks);
+      if (holding_grid >= grid) kernel = holding_kernel, fn = holding_fn, grid = holding_grid;
     }
     const int cluster = cluster_blocks_for(fn, shape.threads_per_row, smem, grid, p.rows, layernorm, device);
     if (cluster == 1) {

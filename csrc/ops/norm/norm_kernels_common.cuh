@@ -164,21 +164,27 @@ struct RowShare {
   // slots it copied, so no barrier is needed. A stage holds kStageWords 16-byte
   // words a thread: word w of thread t at stage[w * blockDim.x + t], so a warp's
   // accesses are consecutive words (no bank conflicts). Columns at or past `limit`
-  // become zeros; `fallback` (any mapped address) stands in for their source.
+  // become zeros, and the row's first word stands in for their source (the copy
+  // reads nothing there, but takes a mapped address): `row` must be a row of the
+  // tensor even where limit is 0 (the callers pass row 0 past the last row). Every
+  // address is made the same way, with no branch: where the source was picked from
+  // two pointers, the compiler made each chunk's address in a predicated branch of
+  // its own (about 60 instructions a row of two chunks of dz and x, SASS of the
+  // pipelined backward).
   static constexpr int kWordsPerChunk = int(sizeof(Vec8<T>)) / 16;
   static constexpr int kStageWords = kChunks * kWordsPerChunk;
 
-  __device__ __forceinline__ static void stage(uint4* stage, const T* row, const void* fallback,
-                                               const RowGroup& group, int limit) {
+  __device__ __forceinline__ static void stage(uint4* stage, const T* row, const RowGroup& group, int limit) {
     static_assert(kVectorized, "staged loads take 16-byte vectors");
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       const int col = group.column(j);
       const bool valid = col < limit;
+      const uint4* words = reinterpret_cast<const uint4*>(row + (valid ? col : 0));
 #pragma unroll
       for (int w = 0; w < kWordsPerChunk; ++w) {
-        const void* src = valid ? static_cast<const void*>(reinterpret_cast<const uint4*>(row + col) + w) : fallback;
-        copy_async_16_or_zero(stage + (j * kWordsPerChunk + w) * int(blockDim.x) + int(threadIdx.x), src, valid);
+        copy_async_16_or_zero(stage + (j * kWordsPerChunk + w) * int(blockDim.x) + int(threadIdx.x),
+                              words + (valid ? w : 0), valid);
       }
     }
   }
@@ -421,17 +427,18 @@ __device__ __forceinline__ void sync_row_group(int barrier, int threads) {
 // suffices: a warp that writes a buffer again has passed the barrier of the sum in
 // between, which every reader of the buffer's previous sum has reached first.
 // All threads of a warp must call sum() together (full-warp shuffles).
-// kImmediateBarrier: sync_row_group's.
-template <class V, int kMaxWarps = kNormMaxBlockWarps, bool kImmediateBarrier = false>
+// kImmediateBarrier: sync_row_group's. kWholeWarps: the groups are whole warps (a
+// block a row), so every shuffle step runs, without a test of the group's width.
+template <class V, int kMaxWarps = kNormMaxBlockWarps, bool kImmediateBarrier = false, bool kWholeWarps = false>
 class RowReduction {
  public:
   __device__ __forceinline__ RowReduction(V* scratch, const RowGroup& group) : scratch_(scratch), group_(group) {}
 
   __device__ __forceinline__ V sum(V v) {
-    const int width = group_.threads < 32 ? group_.threads : 32;
+    const int width = kWholeWarps || group_.threads >= 32 ? 32 : group_.threads;
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {
-      if (offset < width) v = add(v, shfl_xor(v, offset));  // lanes of a group stay in its aligned span
+      if (kWholeWarps || offset < width) v = add(v, shfl_xor(v, offset));  // lanes of a group stay in its aligned span
     }
     if (group_.threads <= 32) return v;
     const int warps = group_.threads / 32;
@@ -455,13 +462,30 @@ class RowReduction {
 // sums: (mean of dz * gamma, mean of dz * gamma * x hat). RMSNorm reduces only the
 // second (it has no mean to subtract: the first is 0); LayerNorm both in one reduction
 // of a pair.
+// inv_hidden: 1 / hidden, made once a kernel (a multiply a mean, where a division took
+// about ten instructions and a call for its slow path, twice a row).
 template <bool kLayerNorm, class Reduction>
-__device__ __forceinline__ float2 bwd_row_means(Reduction& reduction, float sum_dyg, float sum_dyg_xhat, int hidden) {
+__device__ __forceinline__ float2 bwd_row_means(Reduction& reduction, float sum_dyg, float sum_dyg_xhat,
+                                                float inv_hidden) {
   if constexpr (kLayerNorm) {
     const float2 row_sums = reduction.sum(make_float2(sum_dyg, sum_dyg_xhat));
-    return make_float2(row_sums.x / float(hidden), row_sums.y / float(hidden));
+    return make_float2(row_sums.x * inv_hidden, row_sums.y * inv_hidden);
   } else {
-    return make_float2(0.0f, reduction.sum(sum_dyg_xhat) / float(hidden));
+    return make_float2(0.0f, reduction.sum(sum_dyg_xhat) * inv_hidden);
+  }
+}
+
+// The backward's x hat of one element: LayerNorm's (x - mu) * rsigma, RMSNorm's x * rsigma.
+// Not the forward's single FFMA (x * rsigma - mu * rsigma): where mu * rsigma is large
+// (rows at an offset of 1000) that form's rounding of mu * rsigma is many times torch's
+// error in dgamma and dx (test_bwd_hard_rows), and a row of one element would get a
+// nonzero x hat; x - mu is exact there.
+template <bool kLayerNorm>
+__device__ __forceinline__ float bwd_xhat(float x, float mu, float rsigma) {
+  if constexpr (kLayerNorm) {
+    return (x - mu) * rsigma;
+  } else {
+    return x * rsigma;
   }
 }
 
