@@ -137,15 +137,16 @@ __global__ void __launch_bounds__(form_max_threads(kForm), form_min_blocks(kForm
 
     // The CPU reference's formulas, as norm_bwd.cu's. Past the row
     // (a chunk lies wholly in it or past it) dz is 0 and so is gamma's tile, and x is 0
-    // (the stage's zero fill), so x hat is finite there and adds 0 to every sum.
-    auto xhat_and_dyg = [&](int j, float (&xhat)[kChunk], float (&dyg)[kChunk], float (&dz)[kChunk]) {
+    // (the stage's zero fill), so x hat is finite there and adds 0 to every sum. With
+    // scale 1 in place of rsigma "xhat" is x - mu (LayerNorm's dx below).
+    auto xhat_and_dyg = [&](int j, float scale, float (&xhat)[kChunk], float (&dyg)[kChunk], float (&dz)[kChunk]) {
       const Vec8<In> dz_raw = staged_chunk<In>(dz_stage, j), x_raw = staged_chunk<In>(x_stage, j);
       float gamma[kChunk];
       read_weights(gamma_tile, group, j, gamma);
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) {
         dz[i] = element_as_float(dz_raw, i);
-        xhat[i] = bwd_xhat<kLayerNorm>(element_as_float(x_raw, i), mu, rsigma);
+        xhat[i] = bwd_xhat<kLayerNorm>(element_as_float(x_raw, i), mu, scale);
         dyg[i] = dz[i] * gamma[i];
       }
     };
@@ -155,7 +156,7 @@ __global__ void __launch_bounds__(form_max_threads(kForm), form_min_blocks(kForm
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       float xhat[kChunk], dyg[kChunk], dz[kChunk], dyg_xhat[kChunk];
-      xhat_and_dyg(j, xhat, dyg, dz);
+      xhat_and_dyg(j, rsigma, xhat, dyg, dz);
       if constexpr (kHold) {
 #pragma unroll
         for (int i = 0; i < kChunk; ++i) held_xhat[j][i] = xhat[i], held_dyg[j][i] = dyg[i];
@@ -173,6 +174,18 @@ __global__ void __launch_bounds__(form_max_threads(kForm), form_min_blocks(kForm
     const float mean_dyg = means.x, mean_dyg_xhat = means.y;
 
     In* dx_row = static_cast<In*>(p.dx) + r * p.hidden;  // [hidden]
+    // LayerNorm's dx, where x hat is not held, takes x - mu times the slope rsigma *
+    // mean(dz gamma x hat) in place of x hat times the mean: a multiply an element fewer
+    // (x hat's), a rounding of the same size moved from x hat to the slope, and dz gamma -
+    // mean(dz gamma) still formed first, so a row whose dx is 0 (a row of one element)
+    // gets 0. H200, us, before / after: 8192 x 5120 83.6 / 82.2, 8192 x 6144 98.5 / 96.0,
+    // 8192 x 9216 (the compact form) 154.2 / 152.1, 4096 x 16384 130.4 / 129.9. RMSNorm
+    // keeps x hat times the mean: with the slope its kernels, though as much shorter,
+    // lost 2-13% at most widths (16384 x 4104 120.4 / 135.9, 8192 x 9216 125.4 / 135.9)
+    // and gained only at 4096 x 16384 (124.7 / 112.1), which the row loop's counts do
+    // not explain (benchmarks/RESULTS.md, the forty-fourth session).
+    constexpr bool kSlope = kLayerNorm && !kHold;
+    const float slope = rsigma * mean_dyg_xhat;
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       float xhat[kChunk], dyg[kChunk], dz[kChunk], dx[kChunk];
@@ -180,10 +193,13 @@ __global__ void __launch_bounds__(form_max_threads(kForm), form_min_blocks(kForm
 #pragma unroll
         for (int i = 0; i < kChunk; ++i) xhat[i] = held_xhat[j][i], dyg[i] = held_dyg[j][i];
       } else {
-        xhat_and_dyg(j, xhat, dyg, dz);
+        xhat_and_dyg(j, kSlope ? 1.0f : rsigma, xhat, dyg, dz);  // x - mu where kSlope
       }
 #pragma unroll
-      for (int i = 0; i < kChunk; ++i) dx[i] = rsigma * (dyg[i] - mean_dyg - xhat[i] * mean_dyg_xhat);
+      for (int i = 0; i < kChunk; ++i) {
+        dx[i] = kSlope ? rsigma * fmaf(-xhat[i], slope, dyg[i] - mean_dyg)
+                       : rsigma * (dyg[i] - mean_dyg - xhat[i] * mean_dyg_xhat);
+      }
       store_chunk<true, kIn>(dx_row, group.column(j), hidden, dx);
     }
   }
