@@ -178,12 +178,13 @@ __global__ void __launch_bounds__(form_max_threads(kForm), form_min_blocks(kForm
     // mean(dz gamma x hat) in place of x hat times the mean: a multiply an element fewer
     // (x hat's), a rounding of the same size moved from x hat to the slope, and dz gamma -
     // mean(dz gamma) still formed first, so a row whose dx is 0 (a row of one element)
-    // gets 0. H200, us, before / after: 8192 x 5120 83.6 / 82.2, 8192 x 6144 98.5 / 96.0,
-    // 8192 x 9216 (the compact form) 154.2 / 152.1, 4096 x 16384 130.4 / 129.9. RMSNorm
-    // keeps x hat times the mean: with the slope its kernels, though as much shorter,
-    // lost 2-13% at most widths (16384 x 4104 120.4 / 135.9, 8192 x 9216 125.4 / 135.9)
-    // and gained only at 4096 x 16384 (124.7 / 112.1), which the row loop's counts do
-    // not explain (benchmarks/RESULTS.md, the forty-fourth session).
+    // gets 0. H200, us, before / after: 16384 x 4104 133.6 / 132.2, 8192 x 5120 83.2 /
+    // 82.3, 8192 x 8192 120.6 / 119.3, 8192 x 9216 (the compact form) 154.3 / 152.6.
+    // RMSNorm keeps x hat times the mean: with the slope its kernels, though as much
+    // shorter, lost 2-13% at most widths (16384 x 4104 121.8 / 136.8, 8192 x 9216 125.5 /
+    // 134.6) and gained only at 4096 x 16384 (124.7 / 111.7): ncu found the blocks' tail
+    // and the warps' waits moving, not the instructions (benchmarks/RESULTS.md, the
+    // forty-fourth session).
     constexpr bool kSlope = kLayerNorm && !kHold;
     const float slope = rsigma * mean_dyg_xhat;
 #pragma unroll
