@@ -17,7 +17,8 @@
 // 12288, and 5121 to 6144 but for bf16 rmsnorm), 80, holding x hat and dz * gamma for dx
 // instead of reading the row again (3-6% faster at 9217-12288, H100). (32 columns a
 // thread, in half the threads and 128 registers, was 1-3% slower at hidden 5120 and
-// 8192 and the same at 12288 and 16384; H100. Three stages,
+// 8192 and the same at 12288 and 16384, H100; with today's shorter row loop 2-13%
+// slower at 4104-8192 on an H200, forty-fourth session. Three stages,
 // two rows in flight, where the smem fits them: 12288 no faster, 5120 and 8192 5-15%
 // slower with fewer blocks an SM.)
 //
@@ -342,6 +343,8 @@ int64_t norm_bwd_pipelined_cuda(const NormBwdParams& p, int device, float* parti
     // fewer instructions (SASS, bf16 layernorm 565 -> 469 a trip of 16 elements a thread),
     // which an H200 bound by issue needs: layernorm 8192 x 6144 100.0 / 94.6 us (H200, a
     // build whose x hat was one FFMA; both forms a row trip about 30 instructions shorter).
+    // Where it would run fewer blocks an SM than the plain form it lost 3-39% (H200,
+    // layernorm 8192 x 8192 120.8 / 160.1 us, 16384 x 4104 133.7 / 147.8).
     bool compact = false;
     if (grid <= multiprocessor_count(device) && shape.threads_per_row <= kCompactMaxThreads) {
       const void* compact_fn = reinterpret_cast<const void*>(compact_kernel);
