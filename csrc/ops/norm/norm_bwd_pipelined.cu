@@ -17,10 +17,10 @@
 // 12288, and 5121 to 6144 but for bf16 rmsnorm), 80, holding x hat and dz * gamma for dx
 // instead of reading the row again (3-6% faster at 9217-12288, H100). (32 columns a
 // thread, in half the threads and 128 registers, was 1-3% slower at hidden 5120 and
-// 8192 and the same at 12288 and 16384, H100; with today's shorter row loop 2-13%
-// slower at 4104-8192 on an H200, forty-fourth session. Three stages,
-// two rows in flight, where the smem fits them: 12288 no faster, 5120 and 8192 5-15%
-// slower with fewer blocks an SM.)
+// 8192 and the same at 12288 and 16384, H100; against the forty-third session's
+// shorter row loop 2-13% slower at 4104-8192 on an H200, forty-fourth session. Three
+// stages, two rows in flight, where the smem fits them: 12288 no faster, 5120 and 8192
+// 5-15% slower with fewer blocks an SM.)
 //
 // Shared memory: gamma's fp32 tile (stage_weights' order), then two stages of
 // [dz, x][2 chunks][threads] 16-byte words (RowShare::stage's layout): 192 bytes a
