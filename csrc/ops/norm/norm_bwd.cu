@@ -108,8 +108,9 @@ struct RowInputs {
                                                const RowGroup& group) {
     const bool active = r < p.rows;
     const int64_t offset = (active ? r : 0) * p.hidden;  // row 0 stands in past the last row (copies nothing)
-    RowShare<In, kChunks, kVectorized>::stage(buffer, dz_rows + offset, group, active ? int(p.hidden) : 0);
-    RowShare<In, kChunks, kVectorized>::stage(buffer + stage_words, x_rows + offset, group, active ? int(p.hidden) : 0);
+    const int limit = active ? int(p.hidden) : 0;
+    RowShare<In, kChunks, kVectorized>::stage(buffer, dz_rows + offset, group, limit);
+    RowShare<In, kChunks, kVectorized>::stage(buffer + stage_words, x_rows + offset, group, limit);
   }
 
   __device__ __forceinline__ void load_staged(const uint4* buffer, int stage_words) {

@@ -116,8 +116,9 @@ __global__ void __launch_bounds__(form_max_threads(kForm), form_min_blocks(kForm
   auto stage_row = [&](uint4* stage, int64_t r) {
     const bool active = r < p.rows;
     const int64_t offset = (active ? r : 0) * p.hidden;  // row 0 stands in past the last row (copies nothing)
-    Share::stage(stage, dz_rows + offset, group, active ? hidden : 0);
-    Share::stage(stage + stage_words, x_rows + offset, group, active ? hidden : 0);
+    const int limit = active ? hidden : 0;
+    Share::stage(stage, dz_rows + offset, group, limit);
+    Share::stage(stage + stage_words, x_rows + offset, group, limit);
     commit_async_copies();
   };
 
