@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from transformer_engine import _core
+from transformer_engine.pytorch.cpp_extensions import fused_attn as _fused_attn
 
 HAVE_CUDA = torch.cuda.is_available() and _core.built_with_cuda()
 CUDA_SKIP_REASON = (
@@ -19,6 +20,10 @@ CUDA_SKIP_REASON = (
     f"(torch.cuda.is_available()={torch.cuda.is_available()}, built_with_cuda={_core.built_with_cuda()})"
 )
 requires_cuda = pytest.mark.skipif(not HAVE_CUDA, reason=CUDA_SKIP_REASON)
+# The cuDNN fused-attention backend: a build without the cuDNN frontend, or a GPU the
+# backend refuses, runs the unfused attention instead.
+CUDNN_REASON = CUDA_SKIP_REASON if not HAVE_CUDA else _fused_attn.cudnn_unavailable_reason()
+requires_cudnn = pytest.mark.skipif(CUDNN_REASON is not None, reason=f"needs cuDNN fused attention: {CUDNN_REASON}")
 
 DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
 

@@ -26,7 +26,7 @@ import pytest
 import torch
 from attention_params import attention_params as params
 from attention_reference import decode_with_cache, reference_mask
-from conftest import CUDA_SKIP_REASON, HAVE_CUDA
+from conftest import requires_cudnn
 
 import transformer_engine.pytorch as te
 from transformer_engine import _core
@@ -37,8 +37,6 @@ from transformer_engine.pytorch.attention.dot_product_attention.fused import Fus
 from transformer_engine.pytorch.cpp_extensions import fused_attn as ext
 
 FUSED, FLASH, UNFUSED = "FusedAttention", "FlashAttention", "UnfusedDotProductAttention"
-CUDNN_REASON = CUDA_SKIP_REASON if not HAVE_CUDA else ext.cudnn_unavailable_reason()
-requires_cudnn = pytest.mark.skipif(CUDNN_REASON is not None, reason=f"needs cuDNN fused attention: {CUDNN_REASON}")
 MASKS = ["no_mask", "padding", "causal", "padding_causal", "causal_bottom_right", "padding_causal_bottom_right"]
 
 

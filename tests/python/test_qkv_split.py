@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import CUDA_SKIP_REASON, HAVE_CUDA, requires_cuda
+from conftest import requires_cuda, requires_cudnn
 
 import transformer_engine.pytorch as te
 from transformer_engine.pytorch.attention import _qkv_split
@@ -15,11 +15,6 @@ from transformer_engine.pytorch.cpp_extensions import fused_attn
 from transformer_engine.pytorch.cpp_extensions.fused_attn import packed_qkv_offsets
 
 DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
-# The packed gradients come from the cuDNN backend only: a build without the cuDNN frontend
-# (or a GPU the backend refuses) runs MultiheadAttention's unfused attention, which
-# concatenates.
-CUDNN_REASON = CUDA_SKIP_REASON if not HAVE_CUDA else fused_attn.cudnn_unavailable_reason()
-requires_cudnn = pytest.mark.skipif(CUDNN_REASON is not None, reason=f"needs cuDNN fused attention: {CUDNN_REASON}")
 
 
 def split_views(shape, dim, dtype=torch.bfloat16, device="cpu"):
@@ -89,6 +84,8 @@ def _mha_step(attn, x, seed=0):
     return y.detach(), grads
 
 
+# The packed gradients come from the cuDNN backend only (without it MultiheadAttention
+# runs the unfused attention, which concatenates).
 @requires_cudnn
 @pytest.mark.filterwarnings("ignore:Warning. Profiler clears events")  # torch.profiler's note, each profile
 @pytest.mark.parametrize("fmt", ["sbhd", "bshd"])
