@@ -21,7 +21,7 @@
 //    to kNormBwdInGridFinalizeMaxHidden skip it: the rows kernel is a cooperative
 //    launch, and once a grid-wide barrier has seen every partial row written, each
 //    block sums a share of the columns (finalize_share), 1-2 us sooner (H100).
-// The backward runs one wave (one to three blocks an SM) of at most kNormMaxRowBlocks
+// The backward runs one wave (one to four blocks an SM) of at most kNormMaxRowBlocks
 // blocks, so its partial sums fit te_norm_workspace_size's [min(rows, 512), 2, hidden]
 // floats. The sums' order depends on the grid (the GPU's SM count), and is the same
 // from run to run.
