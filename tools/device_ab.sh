@@ -7,7 +7,8 @@
 # the benchmark command runs under every build in turn, ROUNDS times, so each variant's
 # times come from the same machine and the same minutes as the others'.
 # CHECK_LAST=1 runs CHECK under the last patch's build only (where each patch includes the
-# ones before it, its tests cover theirs).
+# ones before it, its tests cover theirs). CHECK_LINES: how many of CHECK's last output
+# lines are kept (5; more for a new kernel whose failures are to be read).
 # Every output line of a command is prefixed with its variant's name: [base], [x.patch];
 # tools/ab_summary.py puts the bandwidth benchmarks' times side by side from that output.
 #
@@ -23,6 +24,7 @@ cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-2}
 CHECK=${CHECK:-}
 CHECK_LAST=${CHECK_LAST:-}
+CHECK_LINES=${CHECK_LINES:-5}
 AB=${AB_DIR:-/tmp/opente_ab}
 
 patches=()
@@ -79,7 +81,7 @@ for patch in "${patches[@]}"; do
   apply_patch "" "$patch"
   install_variant "$name"
   if [ -n "$CHECK" ] && { [ -z "$CHECK_LAST" ] || [ "$patch" = "${patches[-1]}" ]; }; then
-    under "$name" bash -c "$CHECK" | tail -5
+    under "$name" bash -c "$CHECK" | tail -"$CHECK_LINES"
   fi
   apply_patch -R "$patch"
   variants+=("$name")
