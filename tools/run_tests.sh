@@ -33,3 +33,7 @@ echo "== Python tests (pytest)"
 # The pytest script, not `python -m pytest`: the source tree must not shadow the
 # installed package (it has no compiled _core).
 pytest -q -rs tests/python
+
+# The CPU build again under AddressSanitizer and UndefinedBehaviorSanitizer, and the
+# tests against it: no CPU path reads or writes out of bounds on any input above.
+bash tools/cpu_sanitizers.sh
