@@ -1,4 +1,5 @@
-"""Random calls, valid and not, to the norm, activation, bias-gradient and softmax helpers.
+"""Random calls, valid and not, to the core ops' torch helpers: norms, activations, bias
+gradients, softmax (issue 4's kernels), and the casts, the rotary embedding and the GEMM.
 
 Each call draws shapes (0, 1, odd and even sizes, one to four dims), dtypes (the three
 float dtypes mostly; int, uint8, float64 and an FP8 dtype sometimes), layouts
@@ -23,6 +24,7 @@ from conftest import DEVICES
 from transformer_engine.pytorch.cpp_extensions import DType
 from transformer_engine.pytorch.cpp_extensions import activation as act
 from transformer_engine.pytorch.cpp_extensions import bias_grad as bg
+from transformer_engine.pytorch.cpp_extensions import cast, gemm, rope
 from transformer_engine.pytorch.cpp_extensions import normalization as nm
 from transformer_engine.pytorch.cpp_extensions import softmax as sm
 
@@ -31,13 +33,15 @@ OTHERS = [torch.int32, torch.uint8, torch.float64, torch.float8_e4m3fn]
 SIZES = [0, 1, 2, 3, 7, 8, 9, 16, 17, 24, 64, 100, 130]
 KINDS = ["gelu", "qgelu", "relu", "srelu", "silu", "geglu", "qgeglu", "reglu", "sreglu", "swiglu"]
 GATED = set(KINDS[5:])
-CALLS = 1500
+CALLS = 2500
 
 # What a message may name: the helpers' arguments, and the C API's names for them (a
 # check in the core names its own parameter: x for inp, act_input for fwd_input).
 ARGUMENTS = ("inp", "input", "x", "weight", "bias", "gamma", "dz", "mu", "rsigma", "scale", "amax", "fp8_dtype",
              "out_dtype", "columnwise", "rowwise", "grad", "fwd_input", "act_input", "mask", "scale_factor",
-             "output_grads", "softmax_results")
+             "output_grads", "softmax_results", "data", "data_t", "scale_inv", "dtype", "freqs",
+             "start_positions", "cu_seqlens", "qkv_format", "cp_size", "cp_rank", "A", "B", "out", "layout",
+             "gelu_in", "accumulate", "beta")
 NAMES_AN_ARGUMENT = re.compile(r"\b(" + "|".join(ARGUMENTS) + r")\b")
 
 
@@ -181,7 +185,66 @@ def softmax(d: Draws):
     return y
 
 
-OPS = [norm_fwd, norm_bwd, act_fwd, act_bwd, bias_grad, softmax]
+def casts(d: Draws):
+    shape = d.shape()
+    which = d.r.random()
+    if which < 0.4:
+        rowwise, columnwise = d.chance(0.8), d.chance(0.5)
+        return cast.quantize(d.tensor(shape), d.fp8_dtype(), d.scale(), amax=d.amax(), rowwise=rowwise,
+                             columnwise=columnwise)
+    if which < 0.6:
+        bits = d.tensor(shape, d.pick([torch.uint8, torch.uint8, torch.float8_e4m3fn, torch.int32]))
+        scale_inv = d.scale()
+        return cast.dequantize(bits, scale_inv, d.fp8_dtype() if d.chance(0.8) else None,
+                               d.pick(FLOATS + [torch.int8]))
+    if which < 0.8:
+        return cast.transpose(d.tensor(shape, d.pick(FLOATS + [torch.uint8, torch.int32, torch.float64])))
+    return cast.compute_amax(d.tensor(shape), d.amax())
+
+
+def rotary(d: Draws):
+    fmt = d.pick(["sbhd", "bshd", "thd", "sbhd", "hsbd"])
+    x = d.tensor(d.shape(d.pick([3, 4, 4, 4])))
+    # (x may be a flattened view: its sizes capped where they size freqs)
+    seq = min(x.shape[0] if fmt != "bshd" or x.dim() < 2 else x.shape[1], 256)
+    rotary_dim = min(d.pick([x.shape[-1], x.shape[-1] // 2 * 2, 2, x.shape[-1] + 2]), 256)
+    freqs = d.tensor((seq if d.chance(0.9) else seq + 3, 1, 1, rotary_dim), torch.float32 if d.chance(0.9) else None)
+    kwargs = {"qkv_format": fmt, "interleaved": d.chance(0.3)}
+    if fmt == "thd" or d.chance(0.1):
+        batches = d.pick([1, 2, 3])
+        ends = sorted(d.r.randint(0, max(x.shape[0], 0) + 2) for _ in range(batches))
+        kwargs["cu_seqlens"] = torch.tensor([0] + ends, dtype=d.pick([torch.int32, torch.int32, torch.int64]),
+                                            device=d.device)
+    if d.chance(0.2):
+        kwargs["start_positions"] = torch.randint(0, 4, (d.pick([1, 2, 3]),), dtype=torch.int32, device=d.device)
+    if d.chance(0.1):
+        kwargs.update(cp_size=d.pick([0, 2, 3]), cp_rank=d.pick([0, 1, 5, -1]))
+    op = rope.fused_rope_forward if d.chance(0.5) else rope.fused_rope_backward
+    return op(x, freqs, **kwargs)
+
+
+def matmul(d: Draws):
+    layout = d.pick(["TN", "TN", "NN", "NT", "TT", "XN"])
+    m, n, k = (d.pick(SIZES) for _ in range(3))
+    dtype = d.pick(FLOATS)
+    a_shape = (n, k) if layout[0] == "T" else (k, n)
+    b_shape = (k, m) if layout[1] == "T" else (m, k)
+    A = d.tensor(a_shape if d.chance(0.9) else d.shape(), dtype if d.chance(0.9) else None)
+    B = d.tensor(b_shape if d.chance(0.9) else d.shape(), dtype if d.chance(0.9) else None)
+    kwargs = {"layout": layout, "grad": d.chance(0.3), "gelu": d.chance(0.3)}
+    if d.chance(0.3):
+        kwargs["bias"] = d.tensor((n if d.chance(0.8) else m,), d.pick(FLOATS))
+    if d.chance(0.2):
+        kwargs["accumulate"] = True
+        kwargs["out"] = d.tensor((m, n) if d.chance(0.9) else d.shape(), dtype if d.chance(0.9) else None)
+    if kwargs["grad"] and kwargs["gelu"]:
+        kwargs["gelu_in"] = d.tensor((m, n), dtype) if d.chance(0.9) else None
+    if d.chance(0.2):
+        kwargs["out_dtype"] = d.pick(FLOATS + [torch.int8])
+    return gemm.general_gemm(A, B, None, **kwargs)
+
+
+OPS = [norm_fwd, norm_bwd, act_fwd, act_bwd, bias_grad, softmax, casts, rotary, matmul]
 
 
 @pytest.mark.parametrize("device", DEVICES)
