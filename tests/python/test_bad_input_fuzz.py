@@ -1,5 +1,5 @@
 """Random calls, valid and not, to the core ops' torch helpers: norms, activations, bias
-gradients, softmax (issue 4's kernels), and the casts, the rotary embedding and the GEMM.
+gradients, softmax, the casts, the rotary embedding and the GEMM.
 
 Each call draws shapes (0, 1, odd and even sizes, one to four dims), dtypes (the three
 float dtypes mostly; int, uint8, float64 and an FP8 dtype sometimes), layouts
