@@ -41,7 +41,7 @@ ARGUMENTS = ("inp", "input", "x", "weight", "bias", "gamma", "dz", "mu", "rsigma
              "out_dtype", "columnwise", "rowwise", "grad", "fwd_input", "act_input", "mask", "scale_factor",
              "output_grads", "softmax_results", "data", "data_t", "scale_inv", "dtype", "freqs",
              "start_positions", "cu_seqlens", "qkv_format", "cp_size", "cp_rank", "A", "B", "out", "layout",
-             "gelu_in", "accumulate", "beta")
+             "gelu_in", "accumulate", "beta", "workspace")
 NAMES_AN_ARGUMENT = re.compile(r"\b(" + "|".join(ARGUMENTS) + r")\b")
 
 
@@ -241,7 +241,12 @@ def matmul(d: Draws):
         kwargs["gelu_in"] = d.tensor((m, n), dtype) if d.chance(0.9) else None
     if d.chance(0.2):
         kwargs["out_dtype"] = d.pick(FLOATS + [torch.int8])
-    return gemm.general_gemm(A, B, None, **kwargs)
+    # cuBLASLt's scratch on the GPU (the CPU needs none); sometimes missing or too small
+    workspace = None
+    if d.device != "cpu" and d.chance(0.95):
+        size = gemm.get_cublas_workspace_size_bytes() if d.chance(0.95) else 16
+        workspace = torch.empty(size, dtype=torch.uint8, device=d.device)
+    return gemm.general_gemm(A, B, workspace, **kwargs)
 
 
 OPS = [norm_fwd, norm_bwd, act_fwd, act_bwd, bias_grad, softmax, casts, rotary, matmul]
