@@ -51,7 +51,7 @@ class Draws:
     def __init__(self, seed: int, device: str):
         self.r = random.Random(seed)
         self.device = device
-        torch.manual_seed(seed)
+        self.g = torch.Generator().manual_seed(seed)  # the values; torch's global generator left alone
 
     def pick(self, options):
         return self.r.choice(options)
@@ -66,9 +66,9 @@ class Draws:
     def tensor(self, shape, dtype=None) -> torch.Tensor:
         dtype = dtype or (self.pick(FLOATS) if self.chance(0.9) else self.pick(OTHERS))
         if dtype in (torch.int32, torch.uint8):
-            t = torch.randint(0, 3, shape, dtype=dtype)
+            t = torch.randint(0, 3, shape, dtype=dtype, generator=self.g)
         else:
-            t = (torch.randn(shape) * self.pick([1.0, 1.0, 100.0, 1e-3])).to(dtype)
+            t = (torch.randn(shape, generator=self.g) * self.pick([1.0, 1.0, 100.0, 1e-3])).to(dtype)
         t = t.to(self.device)
         layout = self.r.random()
         if layout < 0.08 and t.dim() >= 2 and t.shape[-1] > 1:
@@ -168,7 +168,8 @@ def softmax(d: Draws):
     elif which < 0.5:
         shape = d.shape(4)
         mask_shape = (d.pick([shape[0], 1, 2]), 1, shape[2], shape[3]) if d.chance(0.9) else d.shape(4)
-        mask = torch.randint(0, 2, mask_shape, dtype=d.pick([torch.bool, torch.uint8, torch.uint8, torch.int32]))
+        mask_dtype = d.pick([torch.bool, torch.uint8, torch.uint8, torch.int32])
+        mask = torch.randint(0, 2, mask_shape, dtype=mask_dtype, generator=d.g)
         y = sm.scaled_masked_softmax_forward(d.tensor(shape), mask.to(d.device), scale)
         backward = sm.scaled_masked_softmax_backward
     elif which < 0.75:
@@ -180,7 +181,7 @@ def softmax(d: Draws):
         y = sm.scaled_aligned_causal_masked_softmax_forward(d.tensor(d.shape(4)), scale)
         backward = sm.scaled_aligned_causal_masked_softmax_backward
     if d.chance(0.5):
-        grads = torch.randn_like(y) if d.chance(0.7) else d.tensor(tuple(y.shape))
+        grads = torch.randn(y.shape, generator=d.g).to(y) if d.chance(0.7) else d.tensor(tuple(y.shape))
         backward(grads, y, scale)
     return y
 
@@ -216,7 +217,8 @@ def rotary(d: Draws):
         kwargs["cu_seqlens"] = torch.tensor([0] + ends, dtype=d.pick([torch.int32, torch.int32, torch.int64]),
                                             device=d.device)
     if d.chance(0.2):
-        kwargs["start_positions"] = torch.randint(0, 4, (d.pick([1, 2, 3]),), dtype=torch.int32, device=d.device)
+        kwargs["start_positions"] = torch.randint(0, 4, (d.pick([1, 2, 3]),), dtype=torch.int32,
+                                                  generator=d.g).to(d.device)
     if d.chance(0.1):
         kwargs.update(cp_size=d.pick([0, 2, 3]), cp_rank=d.pick([0, 1, 5, -1]))
     op = rope.fused_rope_forward if d.chance(0.5) else rope.fused_rope_backward
