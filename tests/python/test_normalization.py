@@ -240,6 +240,43 @@ def test_fwd_zero_rows(norm):
     assert amax.item() == 2.5 and out._scale_inv.item() == 0.25
 
 
+@pytest.mark.parametrize("device", ["cpu"] + CUDA)
+@pytest.mark.parametrize("columnwise", [False, True], ids=["rowwise", "both"])
+@pytest.mark.parametrize("hidden", [64, 4096, 16384], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd_zero_rows_in_allocations(norm, hidden, columnwise, device):
+    """No rows, but every pointer into an allocation, as a C API caller may pass zero-row
+    views (the Python wrappers' empty tensors have null pointers, so a kernel given
+    something to write through at no rows is reached only this way): nothing is written
+    but the FP8 y's scale_inv; x's, y's and the statistics' buffers keep their bytes and
+    amax its value."""
+    x = torch.full((1, hidden), 3.0, dtype=torch.bfloat16, device=device)
+    w, b = torch.ones(hidden, device=device), torch.zeros(hidden, device=device)
+    data = torch.full((hidden,), 0xA5, dtype=torch.uint8, device=device)
+    data_t = torch.full((hidden,), 0xA5, dtype=torch.uint8, device=device)
+    mu, rsigma = torch.full((1,), 7.0, device=device), torch.full((1,), 7.0, device=device)
+    scale, scale_inv = torch.tensor([4.0], device=device), torch.zeros(1, device=device)
+    amax = torch.tensor([2.5], device=device)
+    x_desc = _core.Tensor(*describe(x, "inp").device, int(DType.kBFloat16), [0, hidden], x.data_ptr())
+    out_desc = _core.Tensor(*x_desc.device, int(E4M3), [0, hidden], data.data_ptr(),
+                            data_t.data_ptr() if columnwise else 0, scale.data_ptr(), scale_inv.data_ptr(),
+                            amax.data_ptr(), int(_core.ScalingMode.PER_TENSOR))
+    mu_desc = _core.Tensor(*x_desc.device, int(DType.kFloat32), [0], mu.data_ptr())
+    rsigma_desc = _core.Tensor(*x_desc.device, int(DType.kFloat32), [0], rsigma.data_ptr())
+    size = _core.norm_workspace_size(0, hidden, *x_desc.device)
+    ws = torch.empty(size, dtype=torch.uint8, device=device) if size else None
+    ws_ptr, ws_size = (ws.data_ptr(), ws.numel()) if ws is not None else (0, 0)
+    if norm == "layernorm":
+        _core.layernorm_fwd(x_desc, describe(w, "weight"), describe(b, "bias"), 1e-5, False, out_desc, mu_desc,
+                            rsigma_desc, ws_ptr, ws_size, stream_of(x))
+    else:
+        _core.rmsnorm_fwd(x_desc, describe(w, "weight"), 1e-5, False, out_desc, rsigma_desc, ws_ptr, ws_size,
+                          stream_of(x))
+    assert scale_inv.item() == 0.25 and amax.item() == 2.5
+    assert bool((data == 0xA5).all()) and bool((data_t == 0xA5).all())
+    assert mu.item() == 7.0 and rsigma.item() == 7.0 and bool((x == 3.0).all())
+
+
 # ---- fused norm + FP8 cast, CPU ----------------------------------------------------------------
 
 
@@ -798,7 +835,7 @@ def test_bwd_cuda(norm, x_dtype, shape, device, gen):
 
 
 @pytest.mark.parametrize("device", ["cpu"] + CUDA)
-@pytest.mark.parametrize("hidden", [64, 1000, 4096, 5120, 12288, 20000], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("hidden", [64, 1000, 4096, 5120, 12288, 16384, 20000], ids=lambda h: f"h{h}")
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
 @pytest.mark.parametrize("norm", NORMS)
 def test_bwd_hard_rows(norm, x_dtype, hidden, device, gen):
@@ -806,8 +843,8 @@ def test_bwd_hard_rows(norm, x_dtype, hidden, device, gen):
     1000, where mu * rsigma is about 1000 and x hat is its small difference from x *
     rsigma): dx, dgamma and dbeta within a few times torch's fp32 error. Hidden 64-4096
     take the rows kernel, 5120 and 12288 (bf16) the pipelined kernel (in its holding form:
-    fewer rows than SMs), 20000 the fallback kernels; on the CPU the core against torch's
-    CPU kernel."""
+    fewer rows than SMs), 16384 (bf16) its widest blocks (1024 threads, past the holding
+    form's), 20000 the fallback kernels; on the CPU the core against torch's CPU kernel."""
     check_bwd_cuda(norm, 30, hidden, x_dtype, torch.float32, False, device, gen, hard_rows=True)
 
 
