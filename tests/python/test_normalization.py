@@ -240,6 +240,24 @@ def test_fwd_zero_rows(norm):
     assert amax.item() == 2.5 and out._scale_inv.item() == 0.25
 
 
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("columnwise", [False, True], ids=["rowwise", "both"])
+@pytest.mark.parametrize("hidden", [64, 4096, 16384], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd_zero_rows_cuda(norm, hidden, columnwise, device):
+    """No rows on the GPU through the wrappers (x's and y's pointers are then null): a float
+    y and the statistics come back empty; an FP8 y, with or without its transposed copy,
+    gets only its scale_inv written, amax left as it was."""
+    x = torch.empty(0, hidden, dtype=torch.bfloat16, device=device)
+    w, b = torch.ones(hidden, device=device), torch.zeros(hidden, device=device)
+    out, _, rsigma = run_fwd(norm, x, w, b, 1e-5, False)
+    assert out.shape == (0, hidden) and rsigma.shape == (0,)
+    scale, amax = torch.tensor([4.0], device=device), torch.tensor([2.5], device=device)
+    out, _, _ = run_fwd(norm, x, w, b, 1e-5, False, fp8_dtype=E4M3, scale=scale, amax=amax, columnwise=columnwise)
+    assert out._data.shape == (0, hidden)
+    assert amax.item() == 2.5 and out._scale_inv.item() == 0.25
+
+
 @pytest.mark.parametrize("device", ["cpu"] + CUDA)
 @pytest.mark.parametrize("columnwise", [False, True], ids=["rowwise", "both"])
 @pytest.mark.parametrize("hidden", [64, 4096, 16384], ids=lambda h: f"h{h}")
