@@ -201,6 +201,7 @@ FWD_CASES = [
     ((1, 1, 3), 100, 300.0, 1.0),  # large-magnitude logits
     ((1, 1, 3), 5, 1.0, -2.0),
     ((2, 2, 7), 5, 2.0, 1.0),  # aligned causal: sq > sk, leading rows keep nothing
+    ((1, 2, 3), 33, 2.0, 0.0),  # every kept logit 0: 1 / (positions kept)
 ]
 
 
@@ -394,10 +395,13 @@ def test_core_errors():
 # ---- CUDA against the CPU core and float64 -------------------------------------------------------
 
 
-def check_cuda_fwd(kind, dtype, lead, sk, sigma, scale, gen, misalign=False):
+def check_cuda_fwd(kind, dtype, lead, sk, sigma, scale, gen, misalign=False, per_batch=None):
+    """per_batch: the explicit mask [b, 1, sq, sk] (True) or one for every batch [1, 1, sq,
+    sk] (False); by default per batch where there are several."""
     shape = shape_of(kind, lead, sk)
     x_cpu = make_x(shape, dtype, sigma, gen)
-    mask = make_mask(shape, gen, per_batch=lead[0] > 1) if kind == "masked" else None
+    per_batch = lead[0] > 1 if per_batch is None else per_batch
+    mask = make_mask(shape, gen, per_batch=per_batch) if kind == "masked" else None
     x = x_cpu.cuda()
     if misalign:  # a view one element into its storage: no 16-byte vectors
         buf = torch.empty(x.numel() + 1, dtype=dtype, device="cuda")
@@ -413,9 +417,9 @@ def check_cuda_fwd(kind, dtype, lead, sk, sigma, scale, gen, misalign=False):
     return x_cpu, cpu
 
 
-def check_cuda_bwd(kind, dtype, lead, sk, scale, gen, misalign=False):
+def check_cuda_bwd(kind, dtype, lead, sk, scale, gen, misalign=False, per_batch=None):
     shape = shape_of(kind, lead, sk)
-    x_cpu, y_cpu = check_cuda_fwd(kind, dtype, lead, sk, 2.0, scale, gen, misalign)
+    x_cpu, y_cpu = check_cuda_fwd(kind, dtype, lead, sk, 2.0, scale, gen, misalign, per_batch)
     dy_cpu = make_x(shape, dtype, 1.0, gen)
     dx = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
     y = y_cpu.cuda()
@@ -481,8 +485,9 @@ def test_large_logits_cuda(kind, dtype, device, gen):
 
 
 @pytest.mark.parametrize("device", CUDA)
-# the rows kernel, one split over clusters (sm_90), the long-row kernel
-@pytest.mark.parametrize("sk", [2048, 40000, 270000], ids=lambda s: f"sk{s}")
+# the rows kernel (2047: vectors shifted to each row's start), one split over clusters
+# (sm_90), the long-row kernel
+@pytest.mark.parametrize("sk", [2048, 2047, 40000, 270000], ids=lambda s: f"sk{s}")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_fwd_special_logits_cuda(dtype, sk, device, gen):
     """Logits the running max must not mishandle: -inf ones give 0 and leave the row's
@@ -579,3 +584,48 @@ def test_many_rows_cuda_large(device, gen):
     check_cuda_bwd("masked", torch.bfloat16, (2, 4, 16), 65536, 1.0, gen)
     check_cuda_bwd("masked", torch.float32, (2, 2, 64), 20000, 1.0, gen)
     check_cuda_bwd("aligned_causal", torch.bfloat16, (1, 2, 128), 40001, 0.5, gen)
+
+
+# ---- CUDA: row lengths, scales and masks the lists above leave out -----------------------------
+
+
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("sk", [768, 1025, 2304, 12001], ids=lambda s: f"sk{s}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", KINDS)
+def test_fwd_bwd_cuda_more_row_lengths(kind, dtype, sk, device, gen):
+    """Row lengths between SMALL_SK's and LARGE_SK's, where the row plans
+    (softmax_row_plan.h) give other groups and fills: whole-warp groups of 96, 192 and 384
+    threads and power-of-two ones of 32 to 512, rows that fill the last vector of each
+    thread (768, 2304) and rows shifted to each row's start (1025, 12001)."""
+    if kind == "upper_triang" and sk > 4099:
+        pytest.skip("[1, sk, sk] at this sk is too big for a unit test")
+    check_cuda_bwd(kind, dtype, (1, 2, 3), sk, 0.5, gen)
+
+
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("scale", [-1.5, 0.0], ids=lambda s: f"scale{s}")
+@pytest.mark.parametrize("sk", [64, 700, 2047], ids=lambda s: f"sk{s}")
+@pytest.mark.parametrize("kind", KINDS)
+def test_fwd_bwd_cuda_scales(kind, sk, scale, device, gen):
+    """A negative scale (the logits' order reversed, so the row's max comes from its
+    smallest x) and zero (every kept logit 0: each kept position 1 / kept, the gradient 0)."""
+    check_cuda_bwd(kind, torch.bfloat16, (1, 2, 3), sk, scale, gen)
+
+
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("sk", [64, 700, 2047], ids=lambda s: f"sk{s}")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+def test_masked_mask_for_every_batch_cuda(dtype, sk, device, gen):
+    """One explicit mask [1, 1, sq, sk] for a batch of two (Transformer Engine's broadcast
+    padding mask): the second batch's rows read the mask from its start again, never past
+    its end (the tests above pass a mask a batch whenever there are several)."""
+    check_cuda_bwd("masked", dtype, (2, 3, 64), sk, 1.0, gen, per_batch=False)
+
+
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_aligned_causal_more_queries_than_keys_cuda(dtype, device, gen):
+    """Bottom-right causal rows with sq > sk (1600 queries, 1536 keys): the first 64 rows
+    keep nothing (zeros, and a zero gradient), row 64 keeps one position, the last all."""
+    check_cuda_bwd("aligned_causal", dtype, (1, 2, 1600), 1536, 0.5, gen)
