@@ -288,15 +288,38 @@ def test_fwd_fp8_cuda(name, fp8_dtype, columnwise, shape_id, device, gen):
 
 
 @pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("shape_id", ["256x1024", "3x17"])
+@pytest.mark.parametrize("fp8_dtype", [E4M3, E5M2], ids=dtype_id)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=dtype_id)
-@pytest.mark.parametrize("name", ["gelu", "swiglu"])
-def test_fwd_fp8_cuda_dtypes(name, dtype, device, gen):
-    """The tiled kernel's fast path for the other input dtypes (fp32 inputs stage twice the bytes)."""
-    x = cuda_input(name, "256x1024", dtype, gen)
+@pytest.mark.parametrize("name", list(KINDS))
+def test_fwd_fp8_cuda_dtypes(name, dtype, fp8_dtype, shape_id, device, gen):
+    """The other input dtypes (fp32 inputs stage twice the bytes) for every activation: each
+    is its own instantiation of the tiled kernel (both copies; 256 x 1024 its fast path, 3 x
+    17 the element-by-element one) and of the row-wise kernel's FP8 branch (with an amax),
+    and both must write the same codes."""
+    x = cuda_input(name, shape_id, dtype, gen)
+    xd = x.to(device)
     fn = getattr(ext, name)
     scale = torch.tensor([4.0])
-    got = fn(x.to(device), fp8_dtype=E4M3, scale=scale.to(device), columnwise=True)
-    cpu = fn(x, fp8_dtype=E4M3, scale=scale, columnwise=True)
-    y_got, y_cpu = fn(x.to(device), out_dtype=torch.float32).cpu(), fn(x, out_dtype=torch.float32)
+    got = fn(xd, fp8_dtype=fp8_dtype, scale=scale.to(device), columnwise=True)
+    cpu = fn(x, fp8_dtype=fp8_dtype, scale=scale, columnwise=True)
+    y_got, y_cpu = fn(xd, out_dtype=torch.float32).cpu(), fn(x, out_dtype=torch.float32)
     assert_codes_match(got._data.cpu(), cpu._data, y_got, y_cpu, name)
     assert torch.equal(got._transpose.cpu(), got._data.cpu().t())
+    amax = torch.zeros(1, device=device)
+    rowwise = fn(xd, fp8_dtype=fp8_dtype, scale=scale.to(device), amax=amax)
+    assert torch.equal(rowwise._data.cpu(), got._data.cpu())
+    assert amax.item() == y_got.abs().max().item()
+
+
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("columnwise", [False, True], ids=["rowwise", "both"])
+@pytest.mark.parametrize("name", ["gelu", "swiglu"])
+def test_empty_fp8_cuda(name, columnwise, device):
+    """No rows, FP8 out on the GPU (the row-wise kernel and the tiled one): only scale_inv
+    is written, the amax keeps its value."""
+    amax = torch.tensor([0.5], device=device)
+    out = getattr(ext, name)(torch.empty(0, 16, device=device), fp8_dtype=E4M3,
+                             scale=torch.tensor([4.0], device=device), amax=amax, columnwise=columnwise)
+    assert out._scale_inv.item() == 0.25 and amax.item() == 0.5
+    assert out._data.shape == (0, 8 if KINDS[name][1] else 16)

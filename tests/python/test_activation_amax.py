@@ -78,3 +78,30 @@ def test_public_helper_takes_a_float_outputs_amax(device, dtype):
     y = gelu(x, amax=amax)
     assert torch.equal(bits(y), bits(plain))
     assert bits(amax).item() == bits(compute_amax(plain)).item()
+
+
+@requires_cuda
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+@pytest.mark.parametrize("name,dtype,rows,h", [("gelu", torch.bfloat16, 8192, 5120),
+                                               ("swiglu", torch.float32, 4096, 2560)], ids=["gelu", "swiglu"])
+def test_amax_grid_strides(name, dtype, rows, h, direction):
+    """Outputs large enough that the capped grid of a kernel that raises an amax (four
+    waves: 4224 blocks of 256 threads on 132 SMs at most) goes over them more than once
+    (5120 or more blocks' worth): the output the same bits as the uncapped run without an
+    amax, the amax te_compute_amax's of it."""
+    kind, gated = kind_of(name)
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(rows, 2 * h if gated else h, generator=g) * 3).to(dtype).to("cuda")
+    grad = (torch.randn(rows, h, generator=g) * 3).to(dtype).to("cuda")
+    dev = module_ops.core_device(x)
+
+    def run(amax_address=0):
+        if direction == "fwd":
+            return module_ops.activation_forward(kind, gated, x, dev, amax=amax_address)
+        return module_ops.activation_backward(kind, grad, x, dev, amax=amax_address)
+
+    plain = run()
+    amax = torch.zeros(1, device="cuda")
+    out = run(amax.data_ptr())
+    assert torch.equal(bits(out), bits(plain))
+    assert amax.item() == compute_amax(plain).item()

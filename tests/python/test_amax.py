@@ -31,6 +31,16 @@ def test_amax(device, shape, dtype, gen):
         assert got.item() == ref_amax(x)
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_amax_misaligned(device, dtype, gen):
+    """A view one element into its storage (no 16-byte vectors: the element-by-element
+    kernel on the GPU), the maximum planted at its last element."""
+    base = spread((1 + 61 * 127,), dtype, gen)
+    base[-1] = -49152.0  # 1.5 * 2^15, exact in every input dtype
+    got = compute_amax(base.to(device)[1:].view(61, 127)).item()
+    assert got == ref_amax(base[1:].view(61, 127)) == 49152.0
+
+
 @requires_cuda
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("shape", LARGE_SHAPES, ids=shape_id)

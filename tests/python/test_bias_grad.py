@@ -156,12 +156,24 @@ def test_dgated_cast_transpose(name, fp8_dtype, columnwise, gen):
     assert abs(amax.item() - ref.abs().max().item()) <= err.flatten()[i].item() + U * amax.item()
 
 
-def test_empty_rows():
-    dbias, out = ext.bgrad_quantize(torch.empty(0, 8), E4M3, torch.tensor([2.0]))
-    assert torch.equal(dbias, torch.zeros(8)) and out._data.shape == (0, 8) and out._transpose.shape == (8, 0)
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_rows(device):
+    """No rows: dbias is zeros (on the GPU the finalize over no row blocks writes them),
+    the FP8 outputs are empty with their scale_inv written."""
+    dbias, out = ext.bgrad_quantize(torch.empty(0, 8, device=device), E4M3, torch.tensor([2.0], device=device))
+    assert torch.equal(dbias.cpu(), torch.zeros(8)) and out._data.shape == (0, 8) and out._transpose.shape == (8, 0)
     assert out._scale_inv.item() == 0.5
-    dbias, dx = ext.dbias_dsilu(torch.empty(2, 0, 4, dtype=torch.bfloat16), torch.empty(2, 0, 4, dtype=torch.bfloat16))
-    assert torch.equal(dbias, torch.zeros(4, dtype=torch.bfloat16)) and dx.shape == (2, 0, 4)
+    x = torch.empty(2, 0, 4, dtype=torch.bfloat16, device=device)
+    dbias, dx = ext.dbias_dsilu(x, x)
+    assert torch.equal(dbias.cpu(), torch.zeros(4, dtype=torch.bfloat16)) and dx.shape == (2, 0, 4)
+    for name in ("silu", "swiglu"):
+        x = torch.empty(2, 0, 8, dtype=torch.bfloat16, device=device)
+        grad = torch.empty(2, 0, 4 if KINDS[name][1] else 8, dtype=torch.bfloat16, device=device)
+        for out_dtype in (torch.bfloat16, E4M3):
+            r = run_core(name, grad, x, out_dtype)
+            assert torch.equal(r["dbias"].cpu(), torch.zeros(8, dtype=torch.bfloat16)), (name, out_dtype)
+            if out_dtype == E4M3:
+                assert r["scale_inv"].item() == 0.5
 
 
 # ---- CPU: the core ops directly (dbias for gated kinds, bad input) --------------------------
@@ -374,10 +386,13 @@ def test_dact_dbias_cuda(name, fp8_dtype, shape_id, device, gen):
 
 
 @pytest.mark.parametrize("device", CUDA)
-@pytest.mark.parametrize("shape_id", ["65x130", "1000x1000"])
+@pytest.mark.parametrize("shape_id", ["65x130", "128x256", "1000x1000"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=dtype_id)
-@pytest.mark.parametrize("name", ["gelu", "srelu", "swiglu", "qgeglu"])
+@pytest.mark.parametrize("name", list(KINDS))
 def test_dact_dbias_cuda_dtypes(name, dtype, shape_id, device, gen):
+    """fp32 and fp16 inputs, every activation (each its own tile kernel; fp32's gated ones
+    stage 192 KiB): element by element (65 x 130), the fast kernel writing dbias itself
+    (128 x 256, one row block) and through partials and the finalize (1000 x 1000)."""
     grad, x = act_inputs(name, *SHAPES[shape_id], dtype, gen)
     check_dact_cuda(name, grad, x, device, fp8_dtype=E5M2)
 

@@ -153,12 +153,14 @@ def test_quantize_accepts_torch_fp8_dtypes(device, fp8_dtype, gen):
     assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("fp8_dtype", FP8_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("in_dtype", FLOAT_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_quantize_misaligned_input(device, layout, in_dtype, gen):
+def test_quantize_misaligned_input(device, layout, in_dtype, fp8_dtype, gen):
     """A contiguous view that starts one element into its storage is not 16-byte
-    aligned: the kernels must take their general paths and still agree."""
-    fp8_dtype, scale = DType.kFloat8E4M3, random_scale(gen)
+    aligned: the kernels must take their general paths (an instantiation an FP8 dtype)
+    and still agree."""
+    scale = random_scale(gen)
     base = spread_input((1 + 64 * 40,), in_dtype, fp8_dtype, scale, gen)
     x = base[1:].view(64, 40)
     if device == "cuda":

@@ -56,6 +56,15 @@ def test_dequantize_shapes(device, shape, fp8_dtype, dtype, gen):
     check(bits, fp8_dtype, 0.7, dtype)
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("fp8_dtype", FP8_DTYPES, ids=dtype_id)
+def test_dequantize_misaligned(device, fp8_dtype, dtype, gen):
+    """Codes one byte into their storage (no 8-byte vectors: the element-by-element
+    kernel on the GPU)."""
+    bits = random_bits((1 + 61 * 127,), torch.uint8, gen).to(device)[1:].view(61, 127)
+    check(bits, fp8_dtype, 0.7, dtype)
+
+
 @requires_cuda
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("fp8_dtype", FP8_DTYPES, ids=dtype_id)

@@ -257,6 +257,25 @@ def test_float_outputs_are_conversions(device, current, gen):
     assert_same_casts(casts, expected)
 
 
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@pytest.mark.parametrize("where", ["small", "flat", "flat_unaligned"])
+@pytest.mark.parametrize("dst", FLOATS, ids=str)
+@pytest.mark.parametrize("src", FLOATS, ids=str)
+def test_every_conversion(device, src, dst, where, gen):
+    """Every direction between the float dtypes, alone in a call: each is its own code on
+    the GPU in the one-block kernel (8 x 8), in the flat kernel in vectors (3 x 17) and
+    element by element (3 x 17 one element into its storage). Equal to torch's bit for bit."""
+    shape = (8, 8) if where == "small" else (3, 17)
+    n = shape[0] * shape[1]
+    base = conversion_input((n + 1,), src, gen).to(device)
+    x = (base[1:] if where == "flat_unaligned" else base[:n]).view(shape)
+    out = torch.full(shape, float("nan"), dtype=dst, device=device)
+    _core.multi_quantize([describe(x, "x")], [describe(out, "out")], stream_of(x))
+    assert_same_bits(out, x.cpu().to(dst))
+
+
 def test_conversion_rejects_fp8_fields(device, gen):
     x = torch.randn(8, 8, generator=gen).to(device)
     out = torch.empty(8, 8, dtype=torch.bfloat16, device=device)

@@ -95,6 +95,25 @@ def test_quantize_current_scaling(device, shape, layout, fp8_dtype, in_dtype, ge
         assert_fp8_equal(data_t, ref_columnwise(expected), fp8_dtype)
 
 
+@pytest.mark.parametrize("in_dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("fp8_dtype", FP8_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_quantize_current_scaling_misaligned(device, layout, fp8_dtype, in_dtype, gen):
+    """A view one element into its storage: the amax and the cast take their element-by-
+    element kernels on the GPU, with the same bits as the CPU's."""
+    base = wide_input((1 + 64 * 40,), in_dtype, gen)
+    got = run(base.to(device)[1:].view(64, 40), fp8_dtype, layout=layout)
+    want = run(base[1:].view(64, 40).clone(), fp8_dtype, layout=layout)
+    for g, w in zip(got, want):
+        assert (g is None) == (w is None)
+        if g is not None:
+            assert_same_bits(g, w)
+    data, _, amax, _, _ = want
+    assert amax.item() == ref_amax(base[1:])
+    if data is not None:
+        assert_fp8_equal(data, ref_quantize(base[1:].view(64, 40), fp8_dtype, want[3].item()), fp8_dtype)
+
+
 @pytest.mark.parametrize("fp8_dtype", FP8_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("eps,pow2", [(0.0, True), (1e-3, False), (1e6, False), (1e6, True)])
 @pytest.mark.parametrize("shape", [(48, 32), (0, 32)], ids=shape_id)
