@@ -193,7 +193,7 @@ def test_enum_values():
 # tiles) and its generic path (37 x 1024, 3 x 17).
 
 CUDA_SHAPES = {"37x1024": (37, 1024), "1000x1000": (1000, 1000), "256x1024": (256, 1024), "3x17": (3, 17),
-               "unaligned": (5, 40)}
+               "unaligned": (5, 40), "7x1": (7, 1)}
 
 
 def cuda_input(name, shape_id, dtype, gen):
@@ -212,8 +212,9 @@ def to_device(x, device, shape_id):
 
 
 @pytest.mark.parametrize("device", CUDA)
-@pytest.mark.parametrize("shape_id", ["37x1024", "3x17", "unaligned"])
-@pytest.mark.parametrize("out_dtype", [None, torch.float32], ids=["same", "fp32"])
+# 7 x 1: one output column (the flat kernels' divide by hidden at 1)
+@pytest.mark.parametrize("shape_id", ["37x1024", "3x17", "unaligned", "7x1"])
+@pytest.mark.parametrize("out_dtype", [None, torch.float32, torch.bfloat16], ids=["same", "fp32", "bf16"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("name", list(KINDS))
 def test_fwd_cuda(name, dtype, out_dtype, shape_id, device, gen):
@@ -227,7 +228,7 @@ def test_fwd_cuda(name, dtype, out_dtype, shape_id, device, gen):
 
 
 @pytest.mark.parametrize("device", CUDA)
-@pytest.mark.parametrize("shape_id", ["37x1024", "3x17", "unaligned"])
+@pytest.mark.parametrize("shape_id", ["37x1024", "3x17", "unaligned", "7x1"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("name", list(KINDS))
 def test_bwd_cuda(name, dtype, shape_id, device, gen):
