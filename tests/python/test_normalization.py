@@ -242,7 +242,7 @@ def test_fwd_zero_rows(norm):
 
 @pytest.mark.parametrize("device", CUDA)
 @pytest.mark.parametrize("columnwise", [False, True], ids=["rowwise", "both"])
-@pytest.mark.parametrize("hidden", [64, 4096, 16384], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("hidden", [64, 4096, 16384, 16392], ids=lambda h: f"h{h}")
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_zero_rows_cuda(norm, hidden, columnwise, device):
     """No rows on the GPU through the wrappers (x's and y's pointers are then null): a float
@@ -260,7 +260,7 @@ def test_fwd_zero_rows_cuda(norm, hidden, columnwise, device):
 
 @pytest.mark.parametrize("device", ["cpu"] + CUDA)
 @pytest.mark.parametrize("columnwise", [False, True], ids=["rowwise", "both"])
-@pytest.mark.parametrize("hidden", [64, 4096, 16384], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("hidden", [64, 4096, 16384, 16392], ids=lambda h: f"h{h}")
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_zero_rows_in_allocations(norm, hidden, columnwise, device):
     """No rows, but every pointer into an allocation, as a C API caller may pass zero-row
@@ -633,17 +633,20 @@ def test_fwd_cuda_buckets(norm, hidden, device, gen):
 
 
 @pytest.mark.parametrize("device", CUDA)
-@pytest.mark.parametrize("hidden", [8, 136, 384, 1024, 1152, 3000, 16384], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("hidden", [8, 136, 384, 1024, 1152, 1536, 3000, 16384, 16392, 50000], ids=lambda h: f"h{h}")
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.float16], ids=dtype_id)
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_cuda_buckets_other_dtypes(norm, x_dtype, hidden, device, gen):
     """fp32 rows load as two 16-byte vectors a chunk; fp16 with fp32 weights (at 384 three
-    chunks a thread and at 1152 five on a warp, fp32 the buckets' two and four)."""
+    chunks a thread, at 1152 five on a warp and at 1536 six, fp32 the buckets' two and
+    four); past 16384 the fallback kernel, past 49152 with rows too long to keep in
+    shared memory between its passes."""
     check_fwd_cuda(norm, 7, hidden, x_dtype, OTHER[x_dtype], True, device, gen)
 
 
 @pytest.mark.parametrize("device", ["cpu"] + CUDA)
-@pytest.mark.parametrize("hidden", [64, 384, 1000, 1024, 4096, 16384, 20000], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("hidden", [64, 127, 384, 1000, 1001, 1024, 1152, 1536, 2560, 4096, 16384, 20000],
+                         ids=lambda h: f"h{h}")
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_hard_rows(norm, x_dtype, hidden, device, gen):
@@ -652,7 +655,8 @@ def test_fwd_hard_rows(norm, x_dtype, hidden, device, gen):
     an offset of 1000). The outlier rows take the register kernel's second reduction
     (its pivot lies far from the mean), the offset rows next to them do not, in the same
     warp for short rows. On the CPU the core is checked against torch's CPU kernel;
-    hidden 20000 takes the fallback kernel."""
+    127 and 1001 take the element-wise kernels, 1152 and 1536 five and six chunks a
+    thread, 2560 the compact form, 20000 the fallback kernel."""
     check_fwd_cuda(norm, 30, hidden, x_dtype, torch.float32, False, device, gen, hard_rows=True)
 
 
@@ -686,8 +690,8 @@ def test_fwd_cuda_fewer_rows_than_a_block(norm, hidden, rows, device, gen):
 @pytest.mark.parametrize("device", CUDA)
 @pytest.mark.parametrize("out_dtype", FLOAT_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("misaligned", [False, True], ids=["aligned", "misaligned"])
-@pytest.mark.parametrize("hidden", [64, 384, 1000, 4096, 4097], ids=lambda h: f"h{h}")
-@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
+@pytest.mark.parametrize("hidden", [64, 384, 1000, 2560, 4096, 4097], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("x_dtype", FLOAT_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_cuda_views_and_out_dtypes(norm, x_dtype, hidden, misaligned, out_dtype, device, gen):
     """An input view off 16-byte alignment (and hidden 4097) takes the element-wise path,
@@ -696,6 +700,17 @@ def test_fwd_cuda_views_and_out_dtypes(norm, x_dtype, hidden, misaligned, out_dt
     thread, with another y two)."""
     check_fwd_cuda(norm, 37, hidden, x_dtype, torch.float32, False, device, gen, misaligned=misaligned,
                    out_dtype=out_dtype)
+
+
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("hidden", [200, 2560], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("w_dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("x_dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd_cuda_dtype_pairs(norm, x_dtype, w_dtype, hidden, device, gen):
+    """Every input and weight dtype on the GPU (fp16 weights included, which no other CUDA
+    test passes): two chunks a thread at 200 (zero-centered gamma), the compact form at 2560."""
+    check_fwd_cuda(norm, 5, hidden, x_dtype, w_dtype, hidden == 200, device, gen)
 
 
 @pytest.mark.parametrize("device", CUDA)
@@ -747,18 +762,34 @@ def test_fwd_fp8_cuda(norm, x_dtype, shape, fp8_dtype, columnwise, device, gen):
 
 
 @pytest.mark.parametrize("device", CUDA)
-@pytest.mark.parametrize("misaligned", [False, True], ids=["aligned", "misaligned"])
+@pytest.mark.parametrize("fp8_dtype,misaligned", [(E4M3, False), (E4M3, True), (E5M2, False)],
+                         ids=["e4m3", "e4m3-misaligned", "e5m2"])
 @pytest.mark.parametrize("columnwise", [False, True], ids=["rowwise", "both"])
 @pytest.mark.parametrize("hidden", [3, 16, 96, 136, 320, 384, 513, 640, 1152, 1536, 4095, 4104, 8192, 10248, 16385],
                          ids=lambda h: f"h{h}")
 @pytest.mark.parametrize("norm", NORMS)
-def test_fwd_fp8_cuda_buckets(norm, hidden, columnwise, misaligned, device, gen):
+def test_fwd_fp8_cuda_buckets(norm, hidden, columnwise, fp8_dtype, misaligned, device, gen):
     """The fused FP8 cast in each bucket (96 and 384: three chunks a thread; 320: five on 8
     lanes; 640: five on half a warp; 1152 and 1536: five and six on a warp), on the vectorized
     (FP8 type compiled in) and the element-wise path (read at run time), and in the fallback
     (16385)."""
-    check_fwd_fp8_cuda(norm, 37 if hidden <= 8192 else 5, hidden, torch.bfloat16, E4M3, columnwise, device, gen,
+    check_fwd_fp8_cuda(norm, 37 if hidden <= 8192 else 5, hidden, torch.bfloat16, fp8_dtype, columnwise, device, gen,
                        misaligned=misaligned)
+
+
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("columnwise", [False, True], ids=["rowwise", "both"])
+@pytest.mark.parametrize("fp8_dtype", [E4M3, E5M2], ids=dtype_id)
+@pytest.mark.parametrize("shape", [(40, 64), (72, 256), (72, 384), (40, 320), (72, 1152), (72, 1536), (40, 1024),
+                                   (40, 2560), (40, 6144)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd_fp8_cuda_fp16_rows(norm, shape, fp8_dtype, columnwise, device, gen):
+    """fp16 rows with an FP8 y, kernels of their own: row-wise, the row forms of two,
+    three, five and six chunks a thread, the compact and the wide one (64, 384, 320,
+    1152, 1536, 2560, 1024); with both copies, the shared tiles (256, 384, 1024, 6144)
+    and the tile read back from the row-wise copy (320, 1152, 1536, 2560)."""
+    rows, hidden = shape
+    check_fwd_fp8_cuda(norm, rows, hidden, torch.float16, fp8_dtype, columnwise, device, gen)
 
 
 _BF16, _FP16, _FP32 = torch.bfloat16, torch.float16, torch.float32
@@ -774,12 +805,22 @@ _BF16, _FP16, _FP32 = torch.bfloat16, torch.float16, torch.float32
         (600, 4096, _BF16, None, False),  # vectorized, four-warp rows, two groups a block
         (200, 2048, _FP16, None, False),  # two-warp rows, four groups a block
         (64, 1024, _FP32, None, False),  # fp32, a warp a row
-        (37, 1000, _BF16, None, False),  # element-wise (hidden % 8 != 0)
+        (37, 1000, _BF16, None, False),  # vectorized, the last lanes' chunks past the row
+        (37, 1001, _BF16, None, False),  # element-wise (hidden % 8 != 0)
+        (37, 1536, _BF16, None, False),  # six chunks a thread
+        (37, 2560, _BF16, None, False),  # the compact form
+        (37, 64, _FP16, None, False),  # fp16: two chunks, three, five, six, compact
+        (37, 384, _FP16, None, False),
+        (37, 1152, _FP16, None, False),
+        (37, 1536, _FP16, None, False),
+        (37, 2560, _FP16, None, False),
+        (37, 64, _FP32, None, False),  # fp32, two chunks
         (37, 4096, _BF16, None, True),  # element-wise (misaligned)
         (37, 768, _BF16, _FP32, False),  # y in another dtype than x: element-wise
         (5, 16392, _BF16, None, False),  # rows too long for registers: the fallback kernel
     ],
-    ids=["h64", "h384", "h1152", "h4096", "h2048_fp16", "h1024_fp32", "h1000", "h4096_misaligned", "bf16_to_fp32",
+    ids=["h64", "h384", "h1152", "h4096", "h2048_fp16", "h1024_fp32", "h1000", "h1001", "h1536", "h2560", "h64_fp16",
+         "h384_fp16", "h1152_fp16", "h1536_fp16", "h2560_fp16", "h64_fp32", "h4096_misaligned", "bf16_to_fp32",
          "h16392"],
 )
 @pytest.mark.parametrize("norm", NORMS)
@@ -874,12 +915,24 @@ def test_bwd_cuda_buckets(norm, hidden, device, gen):
 
 
 @pytest.mark.parametrize("device", CUDA)
-@pytest.mark.parametrize("hidden", [8, 136, 384, 1024, 3000, 8192, 12288], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("hidden", [8, 136, 384, 1024, 3000, 8192, 12288, 16392, 50000], ids=lambda h: f"h{h}")
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.float16], ids=dtype_id)
 @pytest.mark.parametrize("norm", NORMS)
 def test_bwd_cuda_buckets_other_dtypes(norm, x_dtype, hidden, device, gen):
-    """fp16 rows with fp32 weights, fp32 rows with bf16."""
+    """fp16 rows with fp32 weights, fp32 rows with bf16; past 16384 the fallback kernels."""
     check_bwd_cuda(norm, 7, hidden, x_dtype, OTHER[x_dtype], False, device, gen)
+
+
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("hidden", [200, 2560, 5120], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("w_dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("x_dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("norm", NORMS)
+def test_bwd_cuda_dtype_pairs(norm, x_dtype, w_dtype, hidden, device, gen):
+    """Every input and weight dtype on the GPU, zero-centered gamma: dgamma / dbeta stored
+    in each weight dtype by the one-block write (200), the in-grid finalize (2560) and the
+    finalize kernel after the pipelined or rows kernel (5120)."""
+    check_bwd_cuda(norm, 10, hidden, x_dtype, w_dtype, True, device, gen)
 
 
 @pytest.mark.parametrize("device", CUDA)
@@ -895,11 +948,13 @@ def test_bwd_cuda_fewer_rows_than_a_block(norm, hidden, rows, device, gen):
 @pytest.mark.parametrize("device", CUDA)
 @pytest.mark.parametrize("rows", [1, 2, 3], ids=lambda r: f"rows{r}")
 @pytest.mark.parametrize("hidden", [5120, 16384], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("x_dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
 @pytest.mark.parametrize("norm", NORMS)
-def test_bwd_cuda_long_rows_fewer_than_a_wave(norm, hidden, rows, device, gen):
+def test_bwd_cuda_long_rows_fewer_than_a_wave(norm, x_dtype, hidden, rows, device, gen):
     """Long 16-bit rows go to the pipelined kernel (a row a block): one row's block
     writes dgamma / dbeta itself, two and three rows' blocks through the finalize."""
-    check_bwd_cuda(norm, rows, hidden, torch.float16, torch.bfloat16, rows == 2, device, gen)
+    w_dtype = torch.bfloat16 if x_dtype == torch.float16 else torch.float16
+    check_bwd_cuda(norm, rows, hidden, x_dtype, w_dtype, rows == 2, device, gen)
 
 
 @pytest.mark.parametrize("device", CUDA)
@@ -1085,7 +1140,7 @@ def test_fwd_fp8_both_copies_cuda_back_to_back(norm, hidden, device, gen):
 # tiles), 40 x 3072 (fp32: the two passes), 16392 x 4096 (1024-thread blocks; fp32 from
 # 16384 rows), 40 x 4104 and 40 x 5120 (five-warp rows, four a block). 16-bit rows of
 # multiples of 128 keep their 32-row tile in shared memory, RMSNorm's from 3072 to 7168:
-# 40 x 3072, 40 x 3200, 16392 x 4096, 40 x 5120, where LayerNorm reads back from the
+# 40 x 3072, 40 x 3200, 16904 x 4096, 40 x 5120, where LayerNorm reads back from the
 # row-wise copy; both norms' at 40 x 5248 (LayerNorm's first), 40 x 6144 and 40 x 7168
 # (seven-warp rows, 224 KiB of tile). 36 x 1024, 64 x 1000, 40 x 896, 36 x 2048, 40 x 7296
 # and 72 x 12296 are shapes both norms leave to the two passes (the C++ test TiledForward
@@ -1093,7 +1148,7 @@ def test_fwd_fp8_both_copies_cuda_back_to_back(norm, hidden, device, gen):
 TILED_SHAPES = [(8, 128), (264, 256), (40, 384), (4104, 384), (72, 512), (4104, 512), (70000, 256), (40, 200),
                 (40, 64), (8, 768), (72, 768), (200, 1024), (4104, 1024), (70000, 768), (36, 1024), (64, 1000),
                 (40, 896), (40, 1032), (8, 1152), (72, 1288), (264, 1536), (264, 2048), (40, 2560), (4136, 2056),
-                (34000, 1152), (36, 2048), (40, 3072), (40, 3200), (16392, 4096), (40, 4104), (40, 5120), (40, 5248),
+                (34000, 1152), (36, 2048), (40, 3072), (40, 3200), (16904, 4096), (40, 4104), (40, 5120), (40, 5248),
                 (40, 6144), (40, 7168), (40, 7296), (72, 12296)]
 
 
@@ -1150,8 +1205,8 @@ def test_fwd_fp8_both_copies_tiled_hard_rows_cuda(norm, shape, device, gen):
 
 
 @pytest.mark.parametrize("device", ["cpu"] + CUDA)
-@pytest.mark.parametrize("shape", [(72, 384), (72, 768), (64, 1000), (37, 1024), (40, 2048), (40, 4096), (40, 6144)],
-                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(72, 256), (72, 384), (72, 768), (64, 1000), (37, 1001), (37, 1024), (40, 2048),
+                                   (40, 4096), (40, 6144), (8, 16392)], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_fp8_columnwise_copy_alone(norm, shape, device, gen):
     """An FP8 output with only its column-wise copy (the C API allows a null row-wise
@@ -1190,7 +1245,7 @@ def test_fwd_fp8_columnwise_copy_alone(norm, shape, device, gen):
 
 @pytest.mark.parametrize("device", CUDA)
 @pytest.mark.parametrize("hidden", [64, 384, 1000, 4096, 4097, 8192, 16384], ids=lambda h: f"h{h}")
-@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
+@pytest.mark.parametrize("x_dtype", FLOAT_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("norm", NORMS)
 def test_bwd_cuda_misaligned(norm, x_dtype, hidden, device, gen):
     """dz and x as views off 16-byte alignment: the element-wise path."""
