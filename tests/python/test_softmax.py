@@ -564,9 +564,10 @@ def test_fwd_bwd_cuda_large(kind, dtype, sk, device, gen):
 @pytest.mark.parametrize("device", CUDA)
 @pytest.mark.parametrize("kind", ["upper_triang", "aligned_causal"])
 def test_causal_split_rows_cuda_large(kind, device, gen):
-    """Causal rows split over clusters (sm_90: sk 8195 element by element, two blocks a row)
-    from a kept prefix of one element to the whole row, so some blocks keep nothing: one
-    [8195, 8195] matrix (the upper-triangular backward keeps the long-row kernel)."""
+    """Causal rows of every kept prefix, from one element to the whole row, at sk 8195: one
+    [8195, 8195] matrix in shifted 16-byte vectors, 160 threads a row (written when these
+    rows went element by element and split over two blocks; the split is now
+    test_causal_split_rows_misaligned_cuda_large's)."""
     check_cuda_bwd(kind, torch.bfloat16, (1, 1, 8195), 8195, 0.5, gen)
 
 
@@ -629,3 +630,82 @@ def test_aligned_causal_more_queries_than_keys_cuda(dtype, device, gen):
     """Bottom-right causal rows with sq > sk (1600 queries, 1536 keys): the first 64 rows
     keep nothing (zeros, and a zero gradient), row 64 keeps one position, the last all."""
     check_cuda_bwd("aligned_causal", dtype, (1, 2, 1600), 1536, 0.5, gen)
+
+
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("kind", ["upper_triang", "aligned_causal"])
+def test_causal_split_rows_misaligned_cuda_large(kind, device, gen):
+    """Causal rows split over a cluster: test_causal_split_rows_cuda_large's rows one
+    element into their buffers (aligned ones at 8195 take shifted vectors, unsplit). The
+    forward takes softmax_fwd_rows_kernel<bf16, 1, 16, ..., kSplit> (2 blocks of 288
+    threads): upper-triangular rows keeping <= 288 positions leave block 1 a max of -inf
+    (block_scale 0); the aligned causal backward the kV = 1 split kernel, the
+    upper-triangular backward (never split) softmax_bwd_long_rows_kernel<bf16, 1>, the only
+    long-row backward of that kind in reach."""
+    check_cuda_bwd(kind, torch.bfloat16, (1, 1, 8195), 8195, 0.5, gen, misalign=True)
+
+
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("sk", [17, 200, 3000, 20000], ids=lambda s: f"sk{s}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", KINDS)
+def test_misaligned_cuda_every_count(kind, dtype, sk, device, gen):
+    """Element-by-element kernels (kV = 1) of every dtype and per-thread count: 17 two a
+    thread (16-thread groups), 200 eight (a warp), 3000 sixteen (192 threads forward, 256
+    backward), 20000 split over 3 clusters' blocks (sm_90; the explicit mask's forward: the
+    long-row kernel). (test_misaligned_cuda: bf16 at 64 and 2048.)"""
+    if kind == "upper_triang" and sk > 4099:
+        pytest.skip("[1, sk, sk] at this sk is too big for a unit test")
+    check_cuda_bwd(kind, dtype, (1, 2, 3), sk, 0.5, gen, misalign=True)
+
+
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("dtype,sk", [(torch.float32, 300), (torch.float16, 700)], ids=["float32-sk300", "float16-sk700"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_fwd_bwd_cuda_four_vectors(kind, dtype, sk, device, gen):
+    """Four vectors a thread in one warp (65-128 vectors a row): fp32 sk 300 (75 aligned
+    vectors) is the only way to the fp32 unshifted backward of 4 vectors; fp16 sk 700 (89
+    shifted vectors) to the fp16 shifted recomputing (causal) forward of 4."""
+    check_cuda_bwd(kind, dtype, (1, 2, 3), sk, 0.5, gen)
+
+
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("sk", [17, 200, 2048, 9000], ids=lambda s: f"sk{s}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_masked_mask_misaligned_cuda(dtype, sk, device, gen):
+    """x and y aligned, the mask one byte into its buffer: the dispatch's !is_aligned(mask)
+    condition sends the rows element by element (2, 8, 16 a thread; 9000 the long-row
+    kernel), a route no test takes (misaligned tests misalign x)."""
+    shape = (2, 2, 3, sk)
+    x_cpu = make_x(shape, dtype, 2.0, gen)
+    mask = make_mask(shape, gen, per_batch=True)
+    buf = torch.empty(mask.numel() + 1, dtype=torch.bool, device="cuda")
+    buf[1:].copy_(mask.flatten())
+    mask_view = buf[1:].view(mask.shape)
+    out = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+    got = core_fwd("masked", x_cpu.cuda(), mask_view, 1.0, out)
+    cpu = fwd("masked", x_cpu, mask, 1.0)
+    ref, zero, bound = reference_fwd("masked", x_cpu.double(), mask, 1.0)
+    b = rounded(ref, bound, dtype)
+    assert_within(got, ref, 2 * b, "masked fwd cuda, misaligned mask", zero)
+    assert_within(got, cpu.double(), 3 * b, "masked fwd cuda vs cpu, misaligned mask")
+
+
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("sk", [200000, 200001], ids=lambda s: f"sk{s}")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_scaled_recomputing_split_cuda_large(dtype, sk, device, gen):
+    """16-bit whole rows of 16385-32768 vectors: past the exponential-keeping kernels' 8
+    blocks, the recomputing 8-vector kernel split over 7 blocks of 448 threads, which only
+    causal rows (and fp32 scaled rows) reach now; the backward split over 7 too."""
+    check_cuda_bwd("scaled", dtype, (1, 1, 3), sk, 0.25, gen)
+
+
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("dtype,sk", [(torch.bfloat16, 20000), (torch.bfloat16, 20001), (torch.float32, 20000)],
+                         ids=["bfloat16-sk20000", "bfloat16-sk20001", "float32-sk20000"])
+def test_masked_mask_for_every_batch_long_cuda(dtype, sk, device, gen):
+    """One mask [1, 1, sq, sk] for a batch of two where the masked forward leaves the row
+    kernels: the long-row kernel in vectors (bf16 20000) and element by element (20001),
+    and the fp32 exponential-keeping kernel split over 3 blocks (20000)."""
+    check_cuda_bwd("masked", dtype, (2, 2, 8), sk, 1.0, gen, per_batch=False)
