@@ -15,12 +15,20 @@ believing it.
 """
 
 import functools
+import types
 
 import torch
 
 torch.cuda.is_available = lambda: True
+torch.cuda.synchronize = lambda *args, **kwargs: None
+torch.cuda.current_device = lambda: 0
+torch.cuda.is_current_stream_capturing = lambda: False
+# an H100's count, for tests that size their inputs by the SM count
+torch.cuda.get_device_properties = lambda *args, **kwargs: types.SimpleNamespace(
+    multi_processor_count=132, major=9, minor=0, name="H100 (the CPU standing in)", total_memory=80 << 30)
 
-_FACTORIES = ("full", "empty", "zeros", "ones", "tensor", "empty_like")
+_FACTORIES = ("full", "empty", "zeros", "ones", "tensor", "empty_like", "empty_strided", "zeros_like", "ones_like",
+              "full_like", "randn", "rand", "randint", "randn_like", "arange", "eye", "linspace", "as_tensor")
 
 
 def _on_cpu(factory):
@@ -48,6 +56,19 @@ def _to_cpu_for_cuda(self, *args, **kwargs):
 
 
 torch.Tensor.to = _to_cpu_for_cuda
+
+# torch.mm(..., out_dtype=) exists on CUDA only (the GEMM tests' same-precision baseline):
+# here the product in fp32, rounded to out_dtype, a stand-in close enough for a test's logic
+_mm = torch.mm
+
+
+def _mm_any_device(a, b, *args, out_dtype=None, **kwargs):
+    if out_dtype is None:
+        return _mm(a, b, *args, **kwargs)
+    return _mm(a.float(), b.float()).to(out_dtype)
+
+
+torch.mm = _mm_any_device
 
 from transformer_engine import _core  # noqa: E402  (after torch is patched)
 

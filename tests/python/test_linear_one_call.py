@@ -9,7 +9,7 @@ import torch
 from conftest import requires_cuda
 
 import transformer_engine.pytorch as te
-from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling
+from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling, MMParams, QParams
 from transformer_engine.pytorch.cpp_extensions import linear_step
 from transformer_engine.pytorch.module import linear as linear_module
 
@@ -137,3 +137,71 @@ def test_one_call_refuses_fp8_dims_as_the_separate_calls_do(device):
     with pytest.raises(ValueError, match="divisible by 16"):
         with te.fp8_autocast():
             module(torch.randn(24, 48, device=device))
+
+# ==== Configurations no CUDA test ran before the forty-seventh session's audit =================
+# fp16 parameters (the FP8 GEMMs with an fp16 D, the fp16 casts and bias-gradient cast), and
+# current scaling with power-of-2 scales, an epsilon and the split-accumulator choices flipped.
+
+def _current_pow2_flipped():
+    q = QParams(power_2_scale=True, amax_epsilon=1e-3)
+    return Float8CurrentScaling(fp8_quant_fwd_inp=q, fp8_quant_fwd_weight=q, fp8_quant_bwd_grad=q,
+                                fp8_gemm_fprop=MMParams(True), fp8_gemm_dgrad=MMParams(False),
+                                fp8_gemm_wgrad=MMParams(False))
+
+
+RECIPES = {"delayed": lambda: DelayedScaling(amax_history_len=3), "current": Float8CurrentScaling,
+           "current_pow2_flipped_split": _current_pow2_flipped}
+
+
+def _steps(device, dtype, bias, recipe, one_call_counts):
+    torch.manual_seed(11)
+    modules = [te.Linear(48, 64, bias=bias, params_dtype=dtype, device=device, delay_wgrad_compute=deferred)
+               for deferred in (False, True)]
+    modules[1].load_state_dict(modules[0].state_dict())
+    # One magnitude for all steps: delayed scaling's scales come from earlier steps' amaxes
+    # (growing inputs would saturate, by design, and blur the accuracy check below).
+    inputs = [torch.randn(32, 48, device=device).to(dtype).requires_grad_() for _ in range(3)]
+    grads = [torch.randn(32, 64, device=device).to(dtype) for _ in range(3)]
+    one_call = train(modules[0], inputs, grads, False, None, RECIPES[recipe]())
+    assert one_call_counts == {"forward": 3, "backward": 3}
+    separate = train(modules[1], inputs, grads, False, True, RECIPES[recipe]())
+    assert one_call_counts == {"forward": 3, "backward": 3}
+    return modules[0], inputs, grads, one_call, separate
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", ["delayed", "current"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_one_call_fp16_parameters(device, recipe, bias, one_call_counts):
+    """fp16 parameters and activations: the one-call step gives the separate calls' bits,
+    and is close to an fp32 nn.Linear (the FP8 bounds of test_linear.test_fp8_close_to_bf16)."""
+    module, inputs, grads, one_call, separate = _steps(device, torch.float16, bias, recipe, one_call_counts)
+    assert_same_bits(one_call, separate)
+    ref = torch.nn.Linear(48, 64, bias=bias, device=device)
+    with torch.no_grad():
+        ref.weight.copy_(module.weight.float())
+        if bias:
+            ref.bias.copy_(module.bias.float())
+    for i, (x, g) in enumerate(zip(inputs, grads)):
+        xr = x.detach().float().requires_grad_()
+        ref.zero_grad()
+        y_ref = ref(xr)
+        y_ref.backward(g.float())
+        out, dx, dw = one_call[0]["out"][i], one_call[0]["dx"][i], one_call[0]["dw"][i]
+        assert out.dtype == dx.dtype == dw.dtype == torch.float16
+        rel = lambda a, b: ((a.float() - b).norm() / b.norm()).item()  # noqa: E731
+        assert rel(out, y_ref.detach()) < 0.06
+        assert rel(dx, xr.grad) < 0.10 and rel(dw, ref.weight.grad) < 0.10
+        if bias:
+            torch.testing.assert_close(one_call[0]["db"][i].float(), g.float().sum(0), rtol=2e-3, atol=2e-2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_one_call_current_scaling_pow2_epsilon_and_flipped_split(device, dtype, one_call_counts):
+    """Current scaling with power-of-2 scales, an amax epsilon and the split-accumulator
+    choices flipped (the step's arguments every other test leaves at their defaults): the
+    same bits as the separate calls."""
+    _, _, _, one_call, separate = _steps(device, dtype, True, "current_pow2_flipped_split",
+                                                   one_call_counts)
+    assert_same_bits(one_call, separate)

@@ -564,3 +564,91 @@ def test_cuda_large(dtype, device, gen):
     x = make_x((2048, 2, 16, 128), dtype, gen, device)
     for d2 in (128, 64):
         check_cuda_against_cpu(x, make_freqs(2048, d2, gen, device), "sbhd")
+
+# ==== Branches no CUDA test took before the forty-seventh session's audit ======================
+# positions past freqs in the vectorized kernels (the NaN test above is element-wise), nothing
+# rotated (d2 = 0), thd with no sequence, the vector path's stride rule, one head group.
+
+CPU_AND_CUDA = ["cpu"] + CUDA
+
+
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
+@pytest.mark.parametrize("interleaved", [False, True], ids=["halves", "interleaved"])
+@pytest.mark.parametrize("fmt", ["sbhd", "bshd", "thd"])
+@pytest.mark.parametrize("dtype,d", [(torch.float32, 8), (torch.bfloat16, 16)], ids=["fp32_d8", "bf16_d16"])
+def test_positions_past_freqs_vectorized(dtype, d, fmt, interleaved, device, gen):
+    """d2 = d on vector boundaries (the 16-byte kernels), some offsets past freqs: NaN in
+    exactly the reference's places, forward and backward; the rest within the bound."""
+    x = make_x(shape_of(fmt, d=d), dtype, gen, device)
+    freqs = make_freqs(12, d, gen, device)
+    start = [0, 0, 8, 0] if fmt == "thd" else [0, 9]
+    cu_list = [0, 3, 3, 10, 17]
+    cu = torch.tensor(cu_list, dtype=torch.int32, device=device) if fmt == "thd" else None
+    start_t = torch.tensor(start, dtype=torch.int32, device=device)
+    for backward in (False, True):
+        op = fused_rope_backward if backward else fused_rope_forward
+        y = op(x, freqs, start_t, fmt, interleaved, cu)
+        ref, mag = reference(x, freqs, fmt, interleaved, start=start, cu=cu_list, backward=backward)
+        nan = torch.isnan(ref)
+        assert nan.any()
+        assert torch.equal(torch.isnan(y.cpu()), nan)
+        keep = ~nan
+        assert_within(y.cpu()[keep], ref[keep], fused_bound(ref, mag, dtype)[keep], f"backward={backward}")
+
+
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
+@pytest.mark.parametrize("fmt", ["sbhd", "thd"])
+@pytest.mark.parametrize("dtype,d", [(torch.float32, 8), (torch.bfloat16, 16), (torch.float16, 7)],
+                         ids=["fp32_vec", "bf16_vec", "fp16_elementwise"])
+def test_nothing_rotated_d2_zero(dtype, d, fmt, device, gen):
+    """freqs [s2, 1, 1, 0]: every feature is copied, forward and backward, bit for bit."""
+    x = make_x(shape_of(fmt, d=d), dtype, gen, device)
+    freqs = torch.zeros(20, 1, 1, 0, device=device)
+    cu = torch.tensor([0, 3, 3, 10, 17], dtype=torch.int32, device=device) if fmt == "thd" else None
+    for op in (fused_rope_forward, fused_rope_backward):
+        y = op(x, freqs, None, fmt, False, cu)
+        assert torch.equal(y, x)
+
+
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
+def test_thd_without_sequences_is_a_copy(device, gen):
+    """cu_seqlens = [4]: b = 0, no token belongs to a sequence."""
+    x = make_x((9, 2, 16), torch.bfloat16, gen, device)
+    freqs = make_freqs(4, 16, gen, device)
+    cu = torch.tensor([4], dtype=torch.int32, device=device)
+    for op in (fused_rope_forward, fused_rope_backward):
+        assert torch.equal(op(x, freqs, None, "thd", False, cu), x)
+
+
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
+@pytest.mark.parametrize("interleaved", [False, True], ids=["halves", "interleaved"])
+def test_stride_rule_of_the_vector_path(interleaved, device, gen):
+    """fp32, d = d2 = 8 (vectors of 4): (a) the heads of a [5, 2, 3, 10] buffer cut to 8
+    features: stride_h = 10 breaks the 16-byte rows (element path; a vector load there
+    would be misaligned); (b) b = 1 with stride_b = 7: unused, so the vectors stay."""
+    freqs = make_freqs(8, 8, gen, device)
+    padded = make_x((5, 2, 3, 10), torch.float32, gen, device)[..., :8]
+    base = make_x((5 * 24,), torch.float32, gen, device)
+    odd_b = torch.as_strided(base, (5, 1, 3, 8), (24, 7, 8, 1))
+    for name, view in (("padded heads", padded), ("b = 1, odd stride", odd_b)):
+        for backward in (False, True):
+            op = fused_rope_backward if backward else fused_rope_forward
+            got = op(view, freqs, None, "sbhd", interleaved)
+            ref, mag = reference(view, freqs, "sbhd", interleaved, backward=backward)
+            assert_within(got, ref, fused_bound(ref, mag, torch.float32), f"{name} backward={backward}")
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype,d,d2,interleaved", [
+    (torch.float32, 256, 256, False),   # vectorized, 32 units: lanes 32
+    (torch.float32, 256, 256, True),    # vectorized interleaved, 64 units over 32 lanes
+    (torch.bfloat16, 65, 64, False),    # element-wise, 32 units, a copied tail
+], ids=["fp32_vec", "fp32_vec_interleaved_lane_loop", "bf16_elementwise"])
+def test_cuda_one_head_group(dtype, d, d2, interleaved, gen):
+    """Enough rows that rows x 32 lanes >= 1024 x SMs: one head group (grid.y = 1); h = 5
+    makes heads_per_group 8, so the second unrolled group of a thread is partial."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = math.ceil(1024 * sms / 32)
+    s, b, h = (rows + 1) // 2, 2, 5
+    x = make_x((s, b, h, d), dtype, gen, "cuda")
+    check_cuda_against_cpu(x, make_freqs(s, d2, gen, "cuda"), "sbhd", interleaved)
