@@ -540,7 +540,8 @@ def test_gemm_fp8_output_with_fp16_bias(device, gen):
 
 AMAX_CASES = [  # (m, k, n, case, out fmt)
     (16, 32, 48, "plain", E4M3),
-    (16, 32, 48, "bias", E5M2),
+    (16, 32, 48, "plain", E5M2),
+    (16, 32, 48, "bias", E4M3),  # (an E5M2 output with a bias cuBLASLt refuses on Hopper)
     (16, 32, 48, "gelu+bias", E4M3),  # the amax of gelu(.), not of the pre-activation
     (16, 0, 32, "plain", E4M3),       # k = 0: gemm_over_empty_k zeroes D and the amax
     (0, 32, 16, "plain", E4M3),       # m = 0: gemm_cuda's early return sets the amax to 0
@@ -564,8 +565,10 @@ def test_gemm_fp8_output_amax_on_device(device, mkn_case, gen):
     no_amax, *_ = general_gemm(to_device(A, device), to_device(B, device), workspace_for(device), layout="TN",
                                quantization_params=Fp8OutputParams(scale, None, fmt), **kw)
     got = amax.item()
-    # fp32 accumulation of k terms, and (CUDA) cuBLASLt's approximate GELU: 2^-16 of the pre-activation
-    bound = (2 * k + 32) * 2.0**-24 * 1.2 * maxabs(ref["scale"])
+    # the FP8 tensor cores' own accumulation (no split accumulator; H100: 2^-12 of sum |a b|
+    # at k = 32, where an fp32 sum would be within 2^-18), and (CUDA) cuBLASLt's approximate
+    # GELU: 2^-16 of the pre-activation
+    bound = 2.0**-9 * maxabs(ref["scale"])
     if call.gelu:
         bound += 2.0**-16 * maxabs(ref["gelu_input"])
     assert abs(got - want) <= bound, (got, want, bound)

@@ -149,8 +149,15 @@ cublasLtMatmulAlgo_t pick_algo(const CublasLtApi& api, cublasLtHandle_t handle, 
   }
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  cublas_check_problem(api.heuristic(handle, desc, a, b, c, d, pref.value, 1, &result, &found),
-                       "cublasLtMatmulAlgoGetHeuristic", p);
+  const cublasStatus_t status = api.heuristic(handle, desc, a, b, c, d, pref.value, 1, &result, &found);
+  if (status == CUBLAS_STATUS_INVALID_VALUE) {
+    // The heuristic sees the descriptors, no data: a value it calls invalid is a combination
+    // of dtypes and epilogue cuBLASLt does not take (a bf16 GEMM's dGELU epilogue with an
+    // fp16 bias, found by test_bad_input_fuzz.py), refused by name like one it does not support.
+    fail(TE_ERROR_NOT_IMPLEMENTED, concat("cuBLASLt does not take ", describe_problem(p),
+                                          " (cublasLtMatmulAlgoGetHeuristic: ", api.status_string(status), ")"));
+  }
+  cublas_check_problem(status, "cublasLtMatmulAlgoGetHeuristic", p);
   if (found == 0) fail(TE_ERROR_NOT_IMPLEMENTED, concat("cuBLASLt has no algorithm for ", describe_problem(p)));
   std::lock_guard<std::mutex> lock(mutex);
   cache.emplace(key, result.algo);
