@@ -56,9 +56,9 @@ fi
 
 if step tests; then
   # pytest, not python -m pytest: the installed package, not the source tree
-  # --durations: where the suite's minutes go (about 8 on an H200 before the forty-seventh
-  # session added about 1100 small CUDA tests), for the next trim; TESTS picks files, so
-  # that a landing's own files fit a call beside its build
+  # --durations: where the suite's minutes go (about 6 on an H100 in the forty-seventh
+  # session), for the next trim; TESTS picks files (pytest's arguments), so that a
+  # landing's own files fit a call beside its build
   # shellcheck disable=SC2086  # TESTS is a list of paths
   pytest -q -rs --durations=30 ${TESTS:-tests/python} 2>&1 | tee "$OUT/pytest.log" | tail -15
   rc=${PIPESTATUS[0]}

@@ -539,9 +539,8 @@ def test_gemm_fp8_output_with_fp16_bias(device, gen):
 # ---- the amax an FP8 output's GEMM writes, on the device it runs on -------------------------
 
 AMAX_CASES = [  # (m, k, n, case, out fmt)
-    (16, 32, 48, "plain", E4M3),
-    (16, 32, 48, "plain", E5M2),
-    (16, 32, 48, "bias", E4M3),  # (an E5M2 output with a bias cuBLASLt refuses on Hopper)
+    (16, 32, 48, "plain", E4M3),  # (an E5M2 output of E4M3 operands cuBLASLt refuses on Hopper)
+    (16, 32, 48, "bias", E4M3),
     (16, 32, 48, "gelu+bias", E4M3),  # the amax of gelu(.), not of the pre-activation
     (16, 0, 32, "plain", E4M3),       # k = 0: gemm_over_empty_k zeroes D and the amax
     (0, 32, 16, "plain", E4M3),       # m = 0: gemm_cuda's early return sets the amax to 0

@@ -334,7 +334,8 @@ void gemm_cuda(const GemmParams& p, int device, void* workspace, size_t workspac
     }
     if (p.d_amax) cuda_check(cudaMemsetAsync(p.d_amax, 0, sizeof(float), s), "cudaMemsetAsync");  // max over nothing
     if (p.epilogue == TE_GEMM_EPILOGUE_BGRAD && p.m > 0) {
-      fail(TE_ERROR_NOT_IMPLEMENTED, "te_gemm on CUDA: epilogue bgrad with an empty D (n = 0)");
+      fail(TE_ERROR_NOT_IMPLEMENTED,
+           "te_gemm on CUDA: epilogue bgrad with an empty D (out has n = 0 columns; cuBLASLt sums B only into a D)");
     }
     return;
   }
