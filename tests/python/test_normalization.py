@@ -155,6 +155,19 @@ def run_fwd(norm, x, w, b, eps, zero_centered, **kw):
     return out, mu, rsigma
 
 
+def core_fwd(norm, x_desc, w, b, out_desc, mu_desc, rsigma_desc, rows, hidden, device, stream):
+    """The core's forward on descriptors the caller built (eps 1e-5, gamma as given), with
+    te_norm_workspace_size's scratch; mu_desc is not read for RMSNorm."""
+    size = _core.norm_workspace_size(rows, hidden, *x_desc.device)
+    ws = torch.empty(size, dtype=torch.uint8, device=device) if size else None
+    ws_ptr, ws_size = (ws.data_ptr(), ws.numel()) if ws is not None else (0, 0)
+    if norm == "layernorm":
+        _core.layernorm_fwd(x_desc, describe(w, "weight"), describe(b, "bias"), 1e-5, False, out_desc, mu_desc,
+                            rsigma_desc, ws_ptr, ws_size, stream)
+    else:
+        _core.rmsnorm_fwd(x_desc, describe(w, "weight"), 1e-5, False, out_desc, rsigma_desc, ws_ptr, ws_size, stream)
+
+
 def run_bwd(norm, dz, x, mu, rsigma, w, zero_centered):
     if norm == "layernorm":
         return layernorm_bwd(dz, x, mu, rsigma, w, zero_centered)
@@ -281,15 +294,7 @@ def test_fwd_zero_rows_in_allocations(norm, hidden, columnwise, device):
                             amax.data_ptr(), int(_core.ScalingMode.PER_TENSOR))
     mu_desc = _core.Tensor(*x_desc.device, int(DType.kFloat32), [0], mu.data_ptr())
     rsigma_desc = _core.Tensor(*x_desc.device, int(DType.kFloat32), [0], rsigma.data_ptr())
-    size = _core.norm_workspace_size(0, hidden, *x_desc.device)
-    ws = torch.empty(size, dtype=torch.uint8, device=device) if size else None
-    ws_ptr, ws_size = (ws.data_ptr(), ws.numel()) if ws is not None else (0, 0)
-    if norm == "layernorm":
-        _core.layernorm_fwd(x_desc, describe(w, "weight"), describe(b, "bias"), 1e-5, False, out_desc, mu_desc,
-                            rsigma_desc, ws_ptr, ws_size, stream_of(x))
-    else:
-        _core.rmsnorm_fwd(x_desc, describe(w, "weight"), 1e-5, False, out_desc, rsigma_desc, ws_ptr, ws_size,
-                          stream_of(x))
+    core_fwd(norm, x_desc, w, b, out_desc, mu_desc, rsigma_desc, 0, hidden, device, stream_of(x))
     assert scale_inv.item() == 0.25 and amax.item() == 2.5
     assert bool((data == 0xA5).all()) and bool((data_t == 0xA5).all())
     assert mu.item() == 7.0 and rsigma.item() == 7.0 and bool((x == 3.0).all())
@@ -1226,18 +1231,11 @@ def test_fwd_fp8_columnwise_copy_alone(norm, shape, device, gen):
     x_desc = describe(x, "inp")
     out_desc = _core.Tensor(*x_desc.device, int(E4M3), [rows, hidden], 0, data_t.data_ptr(), scale.data_ptr(),
                             scale_inv.data_ptr(), 0, int(_core.ScalingMode.PER_TENSOR))
-    rsigma = torch.empty(rows, device=device)
-    size = _core.norm_workspace_size(rows, hidden, *x_desc.device)
-    ws = torch.empty(size, dtype=torch.uint8, device=device) if size else None
-    ws_ptr, ws_size = (ws.data_ptr(), ws.numel()) if ws is not None else (0, 0)
+    rsigma, mu = torch.empty(rows, device=device), torch.empty(rows, device=device)
+    core_fwd(norm, x_desc, w, b, out_desc, describe(mu, "mu"), describe(rsigma, "rsigma"), rows, hidden, device,
+             stream_of(x))
     if norm == "layernorm":
-        mu = torch.empty(rows, device=device)
-        _core.layernorm_fwd(x_desc, describe(w, "weight"), describe(b, "bias"), 1e-5, False, out_desc,
-                            describe(mu, "mu"), describe(rsigma, "rsigma"), ws_ptr, ws_size, stream_of(x))
         assert torch.equal(mu, mu_ref)
-    else:
-        _core.rmsnorm_fwd(x_desc, describe(w, "weight"), 1e-5, False, out_desc, describe(rsigma, "rsigma"), ws_ptr,
-                          ws_size, stream_of(x))
     assert torch.equal(data_t[:-guard].view(hidden, rows), ref._data.t())
     assert bool((data_t[-guard:] == 0xA5).all())
     assert torch.equal(rsigma, rs_ref) and torch.equal(scale_inv, ref._scale_inv)
