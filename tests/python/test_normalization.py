@@ -998,9 +998,9 @@ def test_bwd_cuda_long_rows_forms(norm, x_dtype, hidden, rows, device, gen):
 def test_bwd_cuda_grid_at_the_row_block_cap(norm, hidden, device, gen):
     """bf16 rows of hidden 4097-4608 fit four of the pipelined backward's blocks an SM
     (rmsnorm's; three for layernorm), more than the grid's cap (kNormMaxRowBlocks, the
-    workspace's partial rows) on 132 SMs: 1000 rows run the capped grid, each block
-    through two rows or so. Against the references, and a second call gives the same
-    bits."""
+    workspace's partial rows) on 132 SMs: 1000 rows run the capped grid (norm_bwd_grid:
+    396 blocks there, three on every SM), each block through two or three rows. Against
+    the references, and a second call gives the same bits."""
     check_bwd_cuda(norm, 1000, hidden, torch.bfloat16, torch.float32, False, device, gen, repeat=True)
 
 

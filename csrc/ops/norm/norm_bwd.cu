@@ -457,7 +457,7 @@ int64_t launch_rows_kernel(const NormBwdParams& p, const NormRowShape& shape, in
   int64_t grid = 0;
   auto launch = [&](auto kernel) {
     const void* fn = reinterpret_cast<const void*>(kernel);
-    grid = std::min(norm_resident_grid(fn, shape, smem, p.rows, device), kNormMaxRowBlocks);
+    grid = norm_bwd_grid(norm_resident_grid(fn, shape, smem, p.rows, device), device);
     // The grid is resident (one wave), so a cooperative launch only asks the GPU to
     // promise it, which the grid-wide barrier before the finalize share needs.
     const bool in_grid =

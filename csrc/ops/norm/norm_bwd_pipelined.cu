@@ -327,7 +327,7 @@ int64_t norm_bwd_pipelined_cuda(const NormBwdParams& p, int device, float* parti
   int64_t slots = 0;
   auto launch = [&](auto kernel, auto compact_kernel, auto holding_kernel) {
     const void* fn = reinterpret_cast<const void*>(kernel);
-    int64_t grid = std::min(norm_resident_grid(fn, shape, smem, p.rows, device), kNormMaxRowBlocks);
+    int64_t grid = norm_bwd_grid(norm_resident_grid(fn, shape, smem, p.rows, device), device);
     // The compact form where the plain one runs a block an SM and it runs two. H100, us,
     // plain / compact: layernorm 8192 x 8704 193.3 / 171.5, 8192 x 9216 198.1 / 179.5,
     // 16384 x 9216 374.9 / 344.7, 4096 x 9216 108.8 / 101.6; rmsnorm 8192 x 9216 185.6 /
@@ -350,13 +350,13 @@ int64_t norm_bwd_pipelined_cuda(const NormBwdParams& p, int device, float* parti
     if (grid <= multiprocessor_count(device) && shape.threads_per_row <= kCompactMaxThreads) {
       const void* compact_fn = reinterpret_cast<const void*>(compact_kernel);
       const int64_t compact_grid =
-          std::min(norm_resident_grid(compact_fn, shape, smem, p.rows, device), kNormMaxRowBlocks);
+          norm_bwd_grid(norm_resident_grid(compact_fn, shape, smem, p.rows, device), device);
       if (compact_grid > grid) kernel = compact_kernel, fn = compact_fn, grid = compact_grid, compact = true;
     }
     if (!compact && shape.threads_per_row <= kHoldingMaxThreads) {
       const void* holding_fn = reinterpret_cast<const void*>(holding_kernel);
       const int64_t holding_grid =
-          std::min(norm_resident_grid(holding_fn, shape, smem, p.rows, device), kNormMaxRowBlocks);
+          norm_bwd_grid(norm_resident_grid(holding_fn, shape, smem, p.rows, device), device);
       if (holding_grid >= grid) kernel = holding_kernel, fn = holding_fn, grid = holding_grid;
     }
     const int cluster = cluster_blocks_for(fn, shape.threads_per_row, smem, grid, p.rows, layernorm, device);

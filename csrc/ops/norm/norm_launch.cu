@@ -45,4 +45,10 @@ int64_t norm_resident_grid(const void* kernel, const NormRowShape& shape, size_t
   return std::max<int64_t>(1, std::min(wanted, resident * waves));
 }
 
+int64_t norm_bwd_grid(int64_t resident_grid, int device) {
+  if (resident_grid <= kNormMaxRowBlocks) return resident_grid;
+  const int64_t sms = multiprocessor_count(device);
+  return sms <= kNormMaxRowBlocks ? kNormMaxRowBlocks / sms * sms : kNormMaxRowBlocks;
+}
+
 }  // namespace opente
