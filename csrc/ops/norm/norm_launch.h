@@ -213,14 +213,15 @@ int64_t norm_resident_grid(const void* kernel, const NormRowShape& shape, size_t
 
 // The backward's grid from its resident one (norm_resident_grid): at most
 // kNormMaxRowBlocks (the workspace's partial rows), and where that cap binds, the
-// largest multiple of the SM count under it, so that every SM holds as many blocks:
-// the blocks take as many rows each (rows strided over the grid), and an SM holding
-// fewer would idle while the others finish. It binds where four blocks fit an SM on 132
-// SMs (528): bf16 rmsnorm's pipelined rows of hidden 4097-4608, where 512 blocks left 16
-// SMs with three, idle for the last quarter of the kernel; 396 keep three on every SM
-// (H100, us, 512 -> 396 blocks: rmsnorm 16384 x 4104 166.1 -> 156.4, 16384 x 4608
-// 179.9 -> 167.4). On 171-256 SMs, where three an SM would pass the cap, the rule
-// gives two an SM; no GPU of that size has timed it.
+// largest multiple of the SM count under it, so that every SM holds as many blocks
+// (the blocks take as many rows each: rows are strided over the grid). It binds where
+// four blocks fit an SM on 132 SMs: bf16 rmsnorm's pipelined rows of hidden 4097-4608,
+// where 512 blocks left 116 SMs with four and 16 with three. H100, us, 512 blocks / 528
+// (four on every SM, the cap raised) / 396 (this rule, three on every SM): rmsnorm
+// 16384 x 4104 166.1 / 165.2 / 156.4, 16384 x 4608 179.9 / 179.4 / 167.4. So evening the
+// grid out gains little; three blocks an SM beat four there. On 171-256 SMs, where
+// three an SM would pass the cap, the rule gives two an SM; no GPU of that size has
+// timed it.
 int64_t norm_bwd_grid(int64_t resident_grid, int device);
 
 // The pipelined backward (norm_bwd_pipelined.cu): whether it takes these rows (16-bit,

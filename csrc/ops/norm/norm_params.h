@@ -18,8 +18,8 @@ enum class NormType { kLayerNorm, kRMSNorm };
 // partial sums of dgamma and dbeta (te_norm_workspace_size documents the bound): one
 // wave of three blocks an SM on GPUs of up to 170 SMs. The pipelined kernel
 // (norm_bwd_pipelined.cu) fits four an SM for bf16 rmsnorm at hidden 4097-4608 (54
-// registers, blocks of 288 threads), where the cap binds on 132 SMs (528 would fit), and
-// norm_bwd_grid then runs 396, three on every SM.
+// registers, blocks of 288 threads), where the cap binds on 132 SMs (528 would fit);
+// norm_bwd_grid then runs 396, three on every SM, which is faster than four.
 constexpr int64_t kNormMaxRowBlocks = 512;
 
 inline int64_t norm_row_blocks(int64_t rows) { return std::min(rows, kNormMaxRowBlocks); }
