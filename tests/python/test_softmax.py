@@ -443,14 +443,18 @@ def check_cuda_bwd(kind, dtype, lead, sk, scale, gen, misalign=False, per_batch=
 
 
 # sk values for every layout: 16-byte vectors of 2, 4 and 8 a thread in sub-warp, warp
-# and multi-warp groups (3000: three warps, a count not a power of two), for sk not a
+# and multi-warp groups (3000: three warps, a count not a power of two; the whole-row
+# forwards' 3 a thread at 700, 1536 and 2047 for 16-bit rows (in one, two and three
+# warps) and at 257 and 700 for fp32 (in one warp and in two); the causal
+# forwards' and the backward's 6 at 1536 and 2047, and for 16-bit rows at 3000 and
+# 4099 too; the backward's in power-of-two groups at 12000), for sk not a
 # multiple of the vector too (odd: vectors shifted to each row's start, the explicit
 # mask's bytes too; sk 1 and 3 shorter than a vector, so that rows before the last reach
 # the buffer's end); rows split over clusters of 2 to 8 blocks (sm_90: 20001, 40001 and
 # 70001 shifted, 40000 and 131072 aligned); and the long-row kernels (270000 in vectors,
 # 270001 element by element).
-SMALL_SK = [1, 3, 8, 17, 64, 128, 257, 1000, 2048]
-LARGE_SK = [3000, 4096, 4099, 8200, 16384, 20000, 20001, 40000, 40001, 131072, 70001, 270000, 270001]
+SMALL_SK = [1, 3, 8, 17, 64, 128, 257, 700, 1000, 1536, 2047, 2048]
+LARGE_SK = [3000, 4096, 4099, 8200, 12000, 16384, 20000, 20001, 40000, 40001, 131072, 70001, 270000, 270001]
 
 
 @pytest.mark.parametrize("device", CUDA)

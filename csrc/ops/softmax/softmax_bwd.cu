@@ -140,14 +140,18 @@ template <class T, int kV, bool kShifted = false>
 void launch_bwd(const SoftmaxBwdParams& p, int device, bool split, cudaStream_t stream) {
   split = split && p.kind != SoftmaxKind::kUpperTriang;
   const RowPlan plan =
-      kV == 1 ? plan_rows(p.sk, kScalarCounts, split, kBwdWholeWarps)
-              : plan_rows(row_units<kV, kShifted>(p.sk), kVectorCounts, split, kBwdWholeWarps);
+      kV == 1 ? plan_rows(p.sk, kScalarCounts, split, kBwdWholeWarps, Fill::kLargestCount)
+              : plan_rows(row_units<kV, kShifted>(p.sk), kVectorCounts, split, kBwdWholeWarps,
+                          Fill::kSmallestInSameThreads);
   bool launched = false;
   if (!plan.long_rows) {
     switch (plan.per_thread) {
       case 2: launched = launch_bwd_rows<T, kV, 2, kShifted>(plan, p, device, stream); break;
       case 4:
         if constexpr (kV > 1) launched = launch_bwd_rows<T, kV, 4, kShifted>(plan, p, device, stream);
+        break;
+      case 6:
+        if constexpr (kV > 1) launched = launch_bwd_rows<T, kV, 6, kShifted>(plan, p, device, stream);
         break;
       case 8: launched = launch_bwd_rows<T, kV, 8, kShifted>(plan, p, device, stream); break;
       case 16:

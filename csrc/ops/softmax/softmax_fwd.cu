@@ -325,8 +325,10 @@ bool launch_fwd_rows(const RowPlan& plan, const SoftmaxFwdParams& p, int device,
 template <class T, int kV, bool kExplicitMask, bool kShifted>
 void launch_fwd_recomputing(const SoftmaxFwdParams& p, int64_t units, int device, bool split, cudaStream_t stream) {
   const RowPlan plan =
-      kV == 1 ? plan_rows(p.sk, kScalarCounts, split && kSplits<1, 16, false, kExplicitMask>, kFwdWholeWarps)
-              : plan_rows(units, kVectorCounts, split && kSplits<kV, 8, false, kExplicitMask>, kFwdWholeWarps);
+      kV == 1 ? plan_rows(p.sk, kScalarCounts, split && kSplits<1, 16, false, kExplicitMask>, kFwdWholeWarps,
+                          Fill::kLargestCount)
+              : plan_rows(units, kVectorCounts, split && kSplits<kV, 8, false, kExplicitMask>, kFwdWholeWarps,
+                          Fill::kSmallestInSameThreads);
   bool launched = false;
   if (!plan.long_rows) {
     switch (plan.per_thread) {
@@ -334,6 +336,11 @@ void launch_fwd_recomputing(const SoftmaxFwdParams& p, int64_t units, int device
       case 4:
         if constexpr (kV > 1) {
           launched = launch_fwd_rows<T, kV, 4, kExplicitMask, false, kShifted>(plan, p, device, stream);
+        }
+        break;
+      case 6:
+        if constexpr (kV > 1) {
+          launched = launch_fwd_rows<T, kV, 6, kExplicitMask, false, kShifted>(plan, p, device, stream);
         }
         break;
       case 8: launched = launch_fwd_rows<T, kV, 8, kExplicitMask, false, kShifted>(plan, p, device, stream); break;
@@ -364,10 +371,13 @@ void launch_fwd(const SoftmaxFwdParams& p, int device, bool split, cudaStream_t 
   const int64_t units = row_units<kV, kShifted>(p.sk);
   if constexpr (kV > 1) {
     if (whole_rows) {
-      const RowPlan plan =
-          plan_rows(units, kExpOnceCounts, split && kSplits<kV, 4, true, kExplicitMask, kShifted>, kFwdWholeWarps);
+      const RowPlan plan = plan_rows(units, kExpOnceCounts, split && kSplits<kV, 4, true, kExplicitMask, kShifted>,
+                                     kFwdWholeWarps, Fill::kSmallestInSameThreads);
       if (!plan.long_rows) {  // else the 8-vector kernels below (the explicit mask: the long-row kernel)
         if (plan.per_thread == 2 && launch_fwd_rows<T, kV, 2, kExplicitMask, true, kShifted>(plan, p, device, stream)) {
+          return;
+        }
+        if (plan.per_thread == 3 && launch_fwd_rows<T, kV, 3, kExplicitMask, true, kShifted>(plan, p, device, stream)) {
           return;
         }
         if (plan.per_thread == 4 && launch_fwd_rows<T, kV, 4, kExplicitMask, true, kShifted>(plan, p, device, stream)) {

@@ -22,13 +22,21 @@ constexpr int kLongRowThreads = 512;
 constexpr int kMaxRowParts = 8;
 
 // Vectors per thread in the row kernels, smallest first: a row of `units`
-// vectors takes the first count that fits it in one warp, else the last one with
-// as many threads as it needs (see plan_rows).
-constexpr int kVectorCounts[] = {2, 4, 8};
+// vectors takes the first count that fits it in one warp, else the last one (or, by
+// Fill, the smallest that needs no more threads than the last) with as many threads as
+// it needs (see plan_rows).
+// kVectorCounts, by Fill (the recomputing forwards: the causal kinds and whole rows past
+// the kExpOnce kernels; the backward): 6 where 8 a thread would fill its warps no more
+// than three quarters (129-192 vectors in one warp, bf16 sk about 1025-1536; 257-384 in
+// two, 2049-3072; 513-576 in three, 4097-4608; the backward's power-of-two groups too:
+// 1281-1536 in 256 threads, 2049-3072 in 512).
+constexpr int kVectorCounts[] = {2, 4, 6, 8};
 constexpr int kScalarCounts[] = {2, 8, 16};
 // Vectors per thread for the kExpOnce row kernels: at most 4, so that the fp32
-// exponentials (4 x kV registers a vector) leave room for enough warps.
-constexpr int kExpOnceCounts[] = {2, 4};
+// exponentials (4 x kV registers a vector) leave room for enough warps. 3 for rows that
+// 4 a thread would fill no more than three quarters of (Fill): bf16 sk 2047 (257 shifted
+// vectors) fills 96 threads of 3 to 89%, of 4 to 67%.
+constexpr int kExpOnceCounts[] = {2, 3, 4};
 
 // Row groups in whole warps rather than powers of two, up to these many threads (see
 // plan_rows). The forward gains where the power of two leaves slots empty (H200, bf16:
@@ -53,24 +61,47 @@ inline int64_t next_pow2(int64_t n) {
   return p;
 }
 
+// How a row of more than one warp's vectors picks its count (plan_rows): the largest of
+// the list, or the smallest whose group has no more threads than the largest's. The
+// same warps then hold the row with fewer vector slots past its end, and a slot past
+// the end still costs its instructions (the kernels convert every slot: selects, not
+// branches). The kExpOnce forwards, bound by instruction issue, reached a same-bytes
+// copy's fraction about as their slots were filled (H200, bf16 shifted rows: sk 2047 59%
+// at 67% filled, 4095 65% at 80%; 5120 90% at 100%); at sk 2047 (257 vectors) 96 threads
+// of 3 run a row trip of 947 instructions each (SASS, bf16, kShifted), of 4 1215.
+enum class Fill { kLargestCount, kSmallestInSameThreads };
+
+// Threads of a group that holds `units` vectors at n a thread: the fewest whole warps
+// up to `whole_warps` threads, beyond it the smallest power of two.
+inline int64_t group_threads(int64_t units, int n, int64_t whole_warps) {
+  const int64_t threads = (units + n - 1) / n;
+  const int64_t in_warps = (threads + 31) / 32 * 32;
+  return in_warps <= whole_warps ? in_warps : next_pow2(threads);
+}
+
 // A row of `units` vectors takes the first per-thread count that fits it into
 // one warp (sub-warp groups for short rows, so no lanes idle; a whole warp with 8
-// vectors a thread at sk = 2048 bf16), else the largest count and as many warps
-// as needed (up to `whole_warps` threads the fewest whole warps that hold the row,
-// beyond it a power of two), else (`split`: clusters launch here) the largest count
+// vectors a thread at sk = 2048 bf16), else a count by `fill` and as many warps
+// as needed (group_threads), else (`split`: clusters launch here) the largest count
 // on the fewest blocks (up to kMaxRowParts) of at most kMaxThreadsPerRow threads, and
 // in them the fewest whole warps that hold the row, else the long-row kernels. (With
 // 512 threads a block at sk = 40000 bf16, 39% of the registers held no vector and
 // the upper-triangular kind ran 15-20% slower than the long-row kernel, H100.)
 template <size_t kCounts>
-RowPlan plan_rows(int64_t units, const int (&counts)[kCounts], bool split, int64_t whole_warps) {
+RowPlan plan_rows(int64_t units, const int (&counts)[kCounts], bool split, int64_t whole_warps, Fill fill) {
   for (int n : counts) {
     if (units <= 32 * int64_t(n)) return {false, n, int(next_pow2((units + n - 1) / n)), 1};
   }
-  const int n = counts[kCounts - 1];
-  const int64_t threads = (units + n - 1) / n;
-  const int64_t in_warps = (threads + 31) / 32 * 32;
-  const int64_t group = in_warps <= whole_warps ? in_warps : next_pow2(threads);
+  int n = counts[kCounts - 1];
+  int64_t group = group_threads(units, n, whole_warps);
+  if (fill == Fill::kSmallestInSameThreads && group <= kMaxThreadsPerRow) {  // (a split row keeps the largest)
+    for (int c : counts) {  // ascending; a smaller count never takes fewer threads
+      if (group_threads(units, c, whole_warps) == group) {
+        n = c;
+        break;
+      }
+    }
+  }
   if (group <= kMaxThreadsPerRow) return {false, n, int(group), 1};
   const int64_t block_units = int64_t(kMaxThreadsPerRow) * n;
   const int64_t parts = (units + block_units - 1) / block_units;
