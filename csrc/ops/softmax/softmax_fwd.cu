@@ -12,7 +12,8 @@ using namespace softmax_kernels;
 
 // The row kernels work in base 2: t = x * scale * log2(e), y = exp2(t - max t) / sum.
 // exp2 is one MUFU.EX2 (accurate expf is several instructions), and the exponent
-// x * (scale log2 e) - max is one FMA. Its rounding, |t| 2^-24 relative, is of the
+// x * (scale log2 e) - max is one FMA (the kExpOnce kernels: the rounded t kept from the
+// max pass, less the max). Its rounding, |t| 2^-24 relative (twice that kept), is of the
 // order of the reference's own rounding of scale * x (tests/python/test_softmax.py).
 constexpr float kMaskedLogit2 = kMaskedLogit * kLog2e;
 
@@ -27,8 +28,9 @@ constexpr float kMaskedLogit2 = kMaskedLogit * kLog2e;
 // loads in flight that a memory-bound kernel lives on. launder() stops the
 // compiler from keeping converted copies across the passes all the same.
 //
-// kExpOnce: the sum pass keeps its exponentials in fp32 registers and the store
-// pass scales them, instead of computing each exponential twice. Two MUFU.EX2 an
+// kExpOnce: the max pass keeps the logits in fp32 registers, the sum pass turns them into
+// their exponentials in place and the store pass scales them, instead of converting x
+// and computing each exponential twice. Two MUFU.EX2 an
 // element made the multi-function unit, not memory, the limit of the whole-row
 // kinds (bf16 [4, 16, 2048, 2048] on an H200: 73% of copy bandwidth with
 // recomputation, 86% with kExpOnce at 4 vectors a thread; the masked kind 49% ->
@@ -104,6 +106,10 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
     // keep far more registers live. Positions past the kept prefix (and vectors
     // never loaded) stay out of the max and get exp 0.
     float m = -INFINITY;
+    // kExpOnce: the logits (-inf where not kept) as the max pass makes them, then in place
+    // their exponentials, which the store pass scales. The sum pass then neither converts
+    // x again nor tests the mask, and x and the mask are dead after the max pass.
+    float kept_exp[kExpOnce ? kN : 1][kV];
 #pragma unroll
     for (int k = 0; k < kN; ++k) {
       const int left = kept + shift - (first + k * stride);  // kept elements from vector k on
@@ -111,8 +117,9 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
       for (int i = 0; i < kV; ++i) {
         float t = element(xv[k], i) * scale2;
         if constexpr (kExplicitMask) t = mask_set(mv[k], i) ? kMaskedLogit2 : t;
-        // skips NaN; the sum still turns NaN
-        m = fmaxf(m, is_kept<kShifted>(i, left, shift - (first + k * stride)) ? t : -INFINITY);
+        const float kept_t = is_kept<kShifted>(i, left, shift - (first + k * stride)) ? t : -INFINITY;
+        if constexpr (kExpOnce) kept_exp[k][i] = kept_t;
+        m = fmaxf(m, kept_t);  // skips NaN; the sum still turns NaN
       }
     }
     m = row_reduce(m, MaxOp{}, scratch[0]);
@@ -129,17 +136,17 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
     };
 
     float sum = 0.0f;
-    float kept_exp[kExpOnce ? kN : 1][kV];  // kExpOnce: the exponentials, for the store pass
 #pragma unroll
     for (int k = 0; k < kN; ++k) {
-      const int left = kept + shift - (first + k * stride), lo = shift - (first + k * stride);
-      if constexpr (kExpOnce) {  // whole rows: every loaded element is kept
+      if constexpr (kExpOnce) {
+        // 2^(t - max): 0 for -inf (not kept); a masked logit's is masked_e, bit for bit
 #pragma unroll
         for (int i = 0; i < kV; ++i) {
-          kept_exp[k][i] = is_kept<kShifted>(i, left, lo) ? exp_at(xv[k], mv[k], i) : 0.0f;
+          kept_exp[k][i] = fast_exp2(kept_exp[k][i] - m);
           sum += kept_exp[k][i];
         }
       } else {
+        const int left = kept + shift - (first + k * stride), lo = shift - (first + k * stride);
         launder(xv[k]);
         if constexpr (kExplicitMask) launder(mv[k]);
         if (left > 0) {  // no exponentials for vectors wholly past the kept prefix (causal)
