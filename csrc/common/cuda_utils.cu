@@ -45,6 +45,17 @@ int max_block_shared_memory(int device) {
                                  "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
 }
 
+double dram_gb_per_s_per_sm(int device) {
+  static std::atomic<int> clock_khz[kMaxDevices] = {};
+  static std::atomic<int> bus_bits[kMaxDevices] = {};
+  const double clock = cached_device_attribute(clock_khz, cudaDevAttrMemoryClockRate, device,
+                                               "cudaDeviceGetAttribute(MemoryClockRate)");
+  const double bits = cached_device_attribute(bus_bits, cudaDevAttrGlobalMemoryBusWidth, device,
+                                              "cudaDeviceGetAttribute(GlobalMemoryBusWidth)");
+  // two transfers a clock (the attribute is the peak clock of DDR / HBM memory)
+  return 2.0 * clock * 1e3 * (bits / 8) / 1e9 / multiprocessor_count(device);
+}
+
 bool cooperative_launch_supported(int device) {
   // cached as the attribute + 1: the attribute itself may be 0
   static std::atomic<int> cached[kMaxDevices] = {};

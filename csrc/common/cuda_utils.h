@@ -50,6 +50,11 @@ int compute_capability_major(int device);
 // a kernel opts in (cudaFuncAttributeMaxDynamicSharedMemorySize): 227 KiB on Hopper, 163
 // KiB on an A100. Queried once per device.
 int max_block_shared_memory(int device);
+// The device's peak DRAM bandwidth an SM, GB/s, from its memory clock and bus width
+// (H100 SXM 25.4: 3.35 TB/s over 132 SMs; H200 37.2: 4.9 TB/s over the same SMs); 0
+// where the device reports no memory clock. Kernels that choose a form by how far memory
+// outruns an SM's issue read it. Queried once per device.
+double dram_gb_per_s_per_sm(int device);
 // Whether `device` takes cooperative launches (cudaLaunchAttributeCooperative: the grid's
 // blocks all resident at once, so they may wait on one another). Queried once per device.
 bool cooperative_launch_supported(int device);

@@ -986,7 +986,8 @@ def test_bwd_cuda_long_rows_forms(norm, x_dtype, hidden, rows, device, gen):
     blocks an SM; 9217 to 12288 its 80-register form, x hat and dz * gamma held across the
     row's reduction (and every hidden up to there with 3 rows, and 5121 to 6144 where it
     runs two blocks an SM as the plain form: 5128, 6144, not bf16 rmsnorm); 12296 the
-    plain one.
+    plain one (RMSNorm's widest form, its dx by the slope, at blocks of more than 768 on a
+    device of 32 GB/s DRAM bandwidth an SM or more, an H200; an H100 runs the plain form).
     Layernorm's blocks run in pairs from 200 rows, several rows a block from 1000. Against
     the references, and a second call gives the same bits."""
     check_bwd_cuda(norm, rows, hidden, x_dtype, torch.float32, rows % 2 == 1, device, gen, repeat=True)
@@ -1207,6 +1208,31 @@ def test_fwd_fp8_both_copies_tiled_hard_rows_cuda(norm, shape, device, gen):
         norm, x.to(device), w.to(device), b.to(device), E4M3, device)
     assert torch.equal(both._data, row._data) and torch.equal(both._transpose, row._data.t())
     assert torch.equal(rs1, rs0) and (mu0 is None or torch.equal(mu1, mu0)) and torch.equal(amax1, amax0)
+
+
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("hard", [False, True], ids=["random", "hard"])
+@pytest.mark.parametrize("fp8_dtype", [E4M3, E5M2], ids=dtype_id)
+@pytest.mark.parametrize("rows", [3, 200, 1000], ids=lambda r: f"rows{r}")
+@pytest.mark.parametrize("hidden", [12288, 14344, 16384], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd_fp8_pipelined_rows_cuda(norm, x_dtype, hidden, rows, fp8_dtype, hard, device, gen):
+    """16-bit rows of 12288 to 16384 with a row-wise FP8 y take the pipelined forward on a
+    device of 32 GB/s DRAM bandwidth an SM (an H200; an H100 runs the row kernel both
+    times): its y, statistics, amax and scale_inv equal, bit for bit, those of the row
+    kernel, which writes the row-wise copy of a call of both copies here (then
+    transposed). 3 rows: fewer than the blocks; 1000: blocks take several rows, each
+    staged while the one before it is worked on; hard rows alternate an outlier in column
+    0 with rows of a large offset."""
+    x, w, b = make_inputs((rows,), hidden, x_dtype, torch.float32, True, gen)
+    if hard:
+        x = with_hard_rows(x).to(x_dtype)
+    (row, mu0, rs0, amax0), (both, mu1, rs1, amax1) = run_fwd_fp8_both_ways(
+        norm, x.to(device), w.to(device), b.to(device), fp8_dtype, device)
+    assert torch.equal(row._data, both._data) and torch.equal(both._transpose, row._data.t())
+    assert torch.equal(rs0, rs1) and (mu0 is None or torch.equal(mu0, mu1))
+    assert torch.equal(amax0, amax1) and torch.equal(row._scale_inv, both._scale_inv)
 
 
 @pytest.mark.parametrize("device", ["cpu"] + CUDA)

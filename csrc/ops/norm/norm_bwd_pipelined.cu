@@ -52,14 +52,6 @@ namespace {
 
 using namespace norm_kernels;
 
-// Chunk j of this thread's share of a staged 16-bit row (one 16-byte word a chunk).
-template <class In>
-__device__ __forceinline__ Vec8<In> staged_chunk(const uint4* stage, int j) {
-  Vec8<In> v;
-  *reinterpret_cast<uint4*>(&v) = stage[j * int(blockDim.x) + int(threadIdx.x)];
-  return v;
-}
-
 constexpr int kChunks = kNormBwdPipelinedChunks;
 
 // The kernel's register bounds, chosen by norm_bwd_pipelined_cuda:
@@ -74,9 +66,22 @@ constexpr int kChunks = kNormBwdPipelinedChunks;
 //   plain form runs three), and fewer rows than SMs. x hat and dz * gamma are held across
 //   the row's reduction instead of recomputed from the staged row for dx, so a row takes
 //   fewer instructions (layernorm spills 4-12 bytes).
-enum class PipelinedForm { kPlain, kCompact, kHolding };
+// - kWidest: kPlain's bounds, for blocks of more than kHoldingMaxThreads threads (hidden
+//   12289 to 16384, one block an SM) on devices of kWidestMinDramGBPerSm; it differs from
+//   kPlain only in RMSNorm's dx, which takes the slope there (see kSlope below).
+//   LayerNorm's plain kernel serves these rows.
+enum class PipelinedForm { kPlain, kCompact, kHolding, kWidest };
 constexpr int kCompactMaxThreads = 576;
 constexpr int kHoldingMaxThreads = 768;
+// The widest form only on devices with at least this DRAM bandwidth an SM (GB/s,
+// dram_gb_per_s_per_sm): RMSNorm's dx by the slope, at hidden 13312-16384, was 9.5-11.5%
+// faster on an H200 (37 GB/s an SM; 4096 x 16384 123.6 -> 111.8 us, 8192 x 16384 225.4
+// -> 203.6, of a same-bytes copy 80% -> 89% and 85% -> 94%) and 1.9-6.2% slower on an
+// H100 SXM (25; 4096 x 16384 153.6 -> 162.2, 8192 x 16384 285.8 -> 303.6). A shorter
+// row helps where an SM's issue bounds it, as an SM fed 1.5 times the bytes is; why the
+// H100 loses was not found (benchmarks/RESULTS.md, the forty-fourth, forty-eighth and
+// forty-ninth sessions). Devices between the two, untimed, keep the plain form.
+constexpr double kWidestMinDramGBPerSm = 32;
 
 constexpr int form_max_threads(PipelinedForm form) {
   return form == PipelinedForm::kCompact ? kCompactMaxThreads
@@ -182,12 +187,12 @@ __global__ void __launch_bounds__(form_max_threads(kForm), form_min_blocks(kForm
     // mean(dz gamma) still formed first, so a row whose dx is 0 (a row of one element)
     // gets 0. H200, us, before / after: 16384 x 4104 133.6 / 132.2, 8192 x 5120 83.2 /
     // 82.3, 8192 x 8192 120.6 / 119.3, 8192 x 9216 (the compact form) 154.3 / 152.6.
-    // RMSNorm keeps x hat times the mean: with the slope its kernels, though as much
-    // shorter, lost 2-13% at most widths (16384 x 4104 121.8 / 136.8, 8192 x 9216 125.5 /
-    // 134.6) and gained only at 4096 x 16384 (124.7 / 111.7): ncu found the blocks' tail
-    // and the warps' waits moving, not the instructions (benchmarks/RESULTS.md, the
-    // forty-fourth session).
-    constexpr bool kSlope = kLayerNorm && !kHold;
+    // RMSNorm keeps x hat times the mean but in its widest blocks: with the slope its
+    // kernels, though as much shorter, lost 2-13% at most widths (16384 x 4104 121.8 /
+    // 136.8, 8192 x 9216 125.5 / 134.6) and gained only at 4096 x 16384 (124.7 / 111.7):
+    // ncu found the blocks' tail and the warps' waits moving, not the instructions
+    // (benchmarks/RESULTS.md, the forty-fourth session).
+    constexpr bool kSlope = (kLayerNorm || kForm == PipelinedForm::kWidest) && !kHold;
     const float slope = rsigma * mean_dyg_xhat;
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
@@ -325,7 +330,12 @@ int64_t norm_bwd_pipelined_cuda(const NormBwdParams& p, int device, float* parti
   const size_t smem = tile * sizeof(float) + stages;
   const bool layernorm = p.type == NormType::kLayerNorm;
   int64_t slots = 0;
-  auto launch = [&](auto kernel, auto compact_kernel, auto holding_kernel) {
+  auto launch = [&](auto kernel, auto compact_kernel, auto holding_kernel, auto widest_kernel) {
+    // blocks wider than the holding form's: the widest form (RMSNorm's dx by the slope)
+    // where memory outruns the SMs as on an H200 (kWidestMinDramGBPerSm)
+    if (shape.threads_per_row > kHoldingMaxThreads && dram_gb_per_s_per_sm(device) >= kWidestMinDramGBPerSm) {
+      kernel = widest_kernel;
+    }
     const void* fn = reinterpret_cast<const void*>(kernel);
     int64_t grid = norm_bwd_grid(norm_resident_grid(fn, shape, smem, p.rows, device), device);
     // The compact form where the plain one runs a block an SM and it runs two. H100, us,
@@ -377,9 +387,12 @@ int64_t norm_bwd_pipelined_cuda(const NormBwdParams& p, int device, float* parti
   auto launch_forms = [&](auto in_tag, auto layernorm_tag) {
     constexpr te_dtype kIn = decltype(in_tag)::value;
     constexpr bool kLayerNorm = decltype(layernorm_tag)::value;
+    // (LayerNorm's widest rows run its plain kernel, which the widest form would repeat)
+    constexpr PipelinedForm kWidest = kLayerNorm ? PipelinedForm::kPlain : PipelinedForm::kWidest;
     launch(norm_bwd_pipelined_kernel<kIn, kLayerNorm, PipelinedForm::kPlain>,
            norm_bwd_pipelined_kernel<kIn, kLayerNorm, PipelinedForm::kCompact>,
-           norm_bwd_pipelined_kernel<kIn, kLayerNorm, PipelinedForm::kHolding>);
+           norm_bwd_pipelined_kernel<kIn, kLayerNorm, PipelinedForm::kHolding>,
+           norm_bwd_pipelined_kernel<kIn, kLayerNorm, kWidest>);
   };
   using Bf16 = std::integral_constant<te_dtype, TE_DTYPE_BFLOAT16>;
   using Fp16 = std::integral_constant<te_dtype, TE_DTYPE_FLOAT16>;

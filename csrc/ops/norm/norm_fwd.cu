@@ -1,7 +1,8 @@
 // LayerNorm and RMSNorm forward on the GPU: which path a call takes (the tiled
-// kernel of both FP8 copies, the row kernel, the fallback for rows too long for
-// registers), the transposed FP8 copy, and the row kernel's dtypes as template
-// arguments of its launch (norm_fwd_rows_launch.cuh, compiled in norm_fwd_rows_*.cu).
+// kernel of both FP8 copies, the pipelined kernel of an FP8 y's widest rows where memory
+// outruns the SMs, the row kernel, the fallback for rows too long for registers), the
+// transposed FP8 copy, and the row kernel's dtypes as template arguments of its launch
+// (norm_fwd_rows_launch.cuh, compiled in norm_fwd_rows_*.cu).
 #include <type_traits>
 
 #include "common/cuda_utils.h"
@@ -14,30 +15,19 @@ namespace opente {
 
 using norm_kernels::kChunk;
 
-void norm_fwd_cuda(const NormFwdParams& p, int device, void* workspace, size_t workspace_size, void* stream) {
-  if (norm_fwd_tiled_takes(p, device)) {  // both FP8 copies in one pass where the shape allows
-    norm_fwd_tiled_cuda(p, device, stream);
-    return;
-  }
-  if (p.output_t && p.output) {
-    // Both FP8 copies elsewhere: the row-wise one from the kernel, then its bytes
-    // transposed in tiles (transpose.cu). Written from the kernel, the transposed copy
-    // was a byte store a row apart for every element, 12-15x the row-wise forward's time
-    // (H100: 1177 us against 79 at 16384 x 4096; 231 against 20 at 16384 x 768). A
-    // column-wise copy alone outside the tiled kernel's shapes still takes those stores:
-    // it has no row-wise buffer to transpose from. The FP8 kernels allow a dependent
-    // launch, so the transpose's blocks start as the kernel's last wave drains and wait
-    // on the GPU for its bytes (1-1.5 us on an H100).
-    NormFwdParams rowwise = p;
-    rowwise.output_t = nullptr;
-    norm_fwd_cuda(rowwise, device, workspace, workspace_size, stream);
-    transpose_cuda(TransposeParams{p.output, p.output_t, p.rows, p.hidden, 1}, device, stream);
-    return;
-  }
+namespace {
+
+// One row-wise y (or none, or a column-wise copy alone) in one pass: the pipelined kernel
+// where it takes the call and `pipelined_allowed`, else the row kernel, else the fallback.
+void norm_fwd_in_rows(const NormFwdParams& p, int device, void* stream, bool pipelined_allowed) {
   DeviceGuard guard(device);
   const bool vectorized = p.hidden % kChunk == 0 && is_aligned(p.input, 16) && is_aligned(p.gamma, 16) &&
                           (p.beta == nullptr || is_aligned(p.beta, 16)) &&
                           (p.output == nullptr || is_aligned(p.output, is_fp8(p.out_dtype) ? 8 : 16));
+  if (pipelined_allowed && norm_fwd_pipelined_takes(p, vectorized, device)) {
+    norm_fwd_pipelined_cuda(p, device, stream);
+    return;
+  }
   // the calls launch_norm_fwd_rows has the extra chunk counts' kernels for (its kExtraChunkRows)
   const bool extra_chunk_rows = vectorized && p.in_dtype != TE_DTYPE_FLOAT32 &&
                                 (p.out_dtype == p.in_dtype || is_fp8(p.out_dtype));
@@ -63,6 +53,31 @@ void norm_fwd_cuda(const NormFwdParams& p, int device, void* workspace, size_t w
       launch(in_tag, in_tag, std::false_type{}, std::false_type{});
     }
   });
+}
+
+}  // namespace
+
+void norm_fwd_cuda(const NormFwdParams& p, int device, void* workspace, size_t workspace_size, void* stream) {
+  if (norm_fwd_tiled_takes(p, device)) {  // both FP8 copies in one pass where the shape allows
+    norm_fwd_tiled_cuda(p, device, stream);
+    return;
+  }
+  if (p.output_t && p.output) {
+    // Both FP8 copies elsewhere: the row-wise one from the kernel, then its bytes
+    // transposed in tiles (transpose.cu). Written from the kernel, the transposed copy
+    // was a byte store a row apart for every element, 12-15x the row-wise forward's time
+    // (H100: 1177 us against 79 at 16384 x 4096; 231 against 20 at 16384 x 768). A
+    // column-wise copy alone outside the tiled kernel's shapes still takes those stores:
+    // it has no row-wise buffer to transpose from. The FP8 kernels allow a dependent
+    // launch, so the transpose's blocks start as the kernel's last wave drains and wait
+    // on the GPU for its bytes (1-1.5 us on an H100).
+    NormFwdParams rowwise = p;
+    rowwise.output_t = nullptr;
+    norm_fwd_in_rows(rowwise, device, stream, /*pipelined_allowed=*/false);
+    transpose_cuda(TransposeParams{p.output, p.output_t, p.rows, p.hidden, 1}, device, stream);
+    return;
+  }
+  norm_fwd_in_rows(p, device, stream, /*pipelined_allowed=*/true);
 }
 
 }  // namespace opente

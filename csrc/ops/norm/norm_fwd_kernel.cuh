@@ -104,26 +104,6 @@ __device__ __forceinline__ void store_y(const NormFwdParams& p, int64_t r, int c
   }
 }
 
-// The mean of the row's first min(8, hidden) elements: the shift of LayerNorm's
-// sums (see "Statistics") for rows of several warps. Every thread of the group reads
-// the same bytes (one broadcast load, from L1 or L2: the group's first thread is
-// loading them too).
-template <class In, bool kVectorized>
-__device__ __forceinline__ float row_pivot(const In* row, int hidden) {
-  if constexpr (kVectorized) {  // hidden % 8 == 0 and the row 16-byte aligned
-    const Vec8<In> head = *reinterpret_cast<const Vec8<In>*>(row);
-    float v[kChunk];
-#pragma unroll
-    for (int i = 0; i < kChunk; ++i) v[i] = to_float(head.v[i]);
-    return chunk_sum(v) * (1.0f / kChunk);
-  } else {
-    const int n = hidden < kChunk ? hidden : kChunk;
-    float sum = 0.0f;
-    for (int i = 0; i < n; ++i) sum += to_float(row[i]);
-    return sum / float(n);
-  }
-}
-
 // The tiled kernel's shared-memory tile (NormTile::kShared): tile_rows rows of hidden FP8 bytes,
 // as 8-byte slots, row r's slot s at r * slots + (s ^ swizzle), where the swizzle is
 // the row's 8-row block times 128 / tile_rows (below 16; hidden % 128 == 0 keeps the

@@ -201,6 +201,15 @@ struct RowShare {
 };
 
 
+// Chunk j of this thread's share of a staged 16-bit row (RowShare::stage's layout, one
+// 16-byte word a chunk), read back by the thread that staged it.
+template <class In>
+__device__ __forceinline__ Vec8<In> staged_chunk(const uint4* stage, int j) {
+  Vec8<In> v;
+  *reinterpret_cast<uint4*>(&v) = stage[j * int(blockDim.x) + int(threadIdx.x)];
+  return v;
+}
+
 // `ptr`, made opaque to the compiler once per row: loads through it cannot be
 // hoisted out of the row loop as invariant. Hoisted, every chunk's weights
 // stayed in registers across the rows (up to 64 more; ptxas then spilled).
@@ -377,6 +386,29 @@ __device__ __forceinline__ void read_weights(const float* tile, const RowGroup& 
 // terms instead of 8 * kChunks (same additions, more of them independent).
 __device__ __forceinline__ float chunk_sum(const float (&v)[kChunk]) {
   return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+}
+
+// The mean of the row's first min(8, hidden) elements: the shift of LayerNorm's
+// sums (see "Statistics") for rows of several warps. Every thread of the group reads
+// the same bytes (one broadcast load, from L1 or L2: the group's first thread is
+// loading them too).
+template <class In, bool kVectorized>
+__device__ __forceinline__ float row_pivot(const In* row, int hidden) {
+  if constexpr (kVectorized) {  // hidden % 8 == 0 and the row 16-byte aligned
+    const Vec8<In> head = *reinterpret_cast<const Vec8<In>*>(row);
+    float v[kChunk];
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) v[i] = to_float(head.v[i]);
+    // __fmul_rn: a multiply of its own, never contracted into the caller's x - pivot
+    // (the pipelined forward's was, as an FFMA: the same value but where the product is
+    // subnormal, and its bits must be the row kernel's)
+    return __fmul_rn(chunk_sum(v), 1.0f / kChunk);
+  } else {
+    const int n = hidden < kChunk ? hidden : kChunk;
+    float sum = 0.0f;
+    for (int i = 0; i < n; ++i) sum += to_float(row[i]);
+    return sum / float(n);
+  }
 }
 
 __device__ __forceinline__ float add(float a, float b) { return a + b; }

@@ -249,6 +249,23 @@ void norm_fwd_tiled_cuda(const NormFwdParams& p, int device, void* stream);
 template <te_dtype kIn, te_dtype kOut>
 void launch_norm_fwd_tiled(const NormFwdParams& p, const NormFwdTileShape& tile, int device, void* stream);
 
+// The pipelined forward (norm_fwd_pipelined.cu): whether it takes this call (16-bit
+// `vectorized` rows of kNormFwdPipelinedMinHidden to kNormFwdMaxRegisterHidden, an FP8
+// y, row-wise only, on a device of kNormFwdPipelinedMinDramGBPerSm), and its launch. Its
+// row groups, sums and formulas are the row kernel's, so are its results' bits.
+// Where it runs, from its timings beside the row kernel's (FP8 y, us, row kernel /
+// pipelined): on an H200 (37 GB/s DRAM bandwidth an SM) rmsnorm 4096 x 12288 48.3 / 46.5,
+// 4096 x 16384 65.2 / 59.2 (77% -> 85% of a same-bytes copy), layernorm 57.7 / 56.6 and
+// 74.7 / 73.4; at hidden 2048-8192 layernorm 3.5-6.0% slower (16384 x 4096 67.0 / 70.0),
+// rmsnorm from 3.6% slower to 2.3% faster; on an H100 SXM (25 GB/s an SM) 1.4-9.7% slower at 2048-12288 and within 4% at 16384
+// (benchmarks/RESULTS.md, the forty-eighth and forty-ninth sessions). Both FP8 copies
+// above the tiled kernel's widths (the row-wise pass then the transpose) lost 2-5% with it
+// at 12288 on the H200, so that path keeps the row kernel.
+constexpr int64_t kNormFwdPipelinedMinHidden = 12288;
+constexpr double kNormFwdPipelinedMinDramGBPerSm = 32;
+bool norm_fwd_pipelined_takes(const NormFwdParams& p, bool vectorized, int device);
+void norm_fwd_pipelined_cuda(const NormFwdParams& p, int device, void* stream);
+
 // Fallback kernels for rows too long for registers.
 void norm_fwd_fallback_cuda(const NormFwdParams& p, int device, void* stream);
 // Writes dx and [row_blocks, 2, hidden] fp32 partial sums of dgamma and dbeta into
