@@ -378,14 +378,7 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
       }
     };
     if constexpr (kVectorized) {
-      with_weight_dtype(p.w_dtype, [&](auto weight_tag) {
-        using W = typename CudaType<decltype(weight_tag)::value>::type;
-        if (p.zero_centered_gamma) {
-          write_y(TypedWeights<W, true>(p.gamma, p.beta));
-        } else {
-          write_y(TypedWeights<W, false>(p.gamma, p.beta));
-        }
-      });
+      with_typed_weights(p.w_dtype, p.zero_centered_gamma, p.gamma, p.beta, write_y);
     } else {
       write_y(RuntimeWeights(p.gamma, p.beta, p.w_dtype, p.zero_centered_gamma));
     }

@@ -179,14 +179,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2) norm_fwd_pipelined_kernel(Norm
         store_chunk<true, kOut>(y_row, col, hidden, y);
       }
     };
-    with_weight_dtype(p.w_dtype, [&](auto weight_tag) {
-      using W = typename CudaType<decltype(weight_tag)::value>::type;
-      if (p.zero_centered_gamma) {
-        write_y(TypedWeights<W, true>(p.gamma, p.beta));
-      } else {
-        write_y(TypedWeights<W, false>(p.gamma, p.beta));
-      }
-    });
+    with_typed_weights(p.w_dtype, p.zero_centered_gamma, p.gamma, p.beta, write_y);
   }
   wait_all_async_copies();  // the zero-filled copies past the last row
 

@@ -290,6 +290,21 @@ __device__ __forceinline__ void with_weight_dtype(te_dtype dtype, F&& f) {
   }
 }
 
+// Calls f(TypedWeights<W, centered>(gamma, beta)) for the weights' dtype W and
+// zero_centered_gamma as template arguments: one switch a row rather than one a chunk.
+template <class F>
+__device__ __forceinline__ void with_typed_weights(te_dtype dtype, bool zero_centered_gamma, const void* gamma,
+                                                   const void* beta, F&& f) {
+  with_weight_dtype(dtype, [&](auto weight_tag) {
+    using W = typename CudaType<decltype(weight_tag)::value>::type;
+    if (zero_centered_gamma) {
+      f(TypedWeights<W, true>(gamma, beta));
+    } else {
+      f(TypedWeights<W, false>(gamma, beta));
+    }
+  });
+}
+
 // Whether element i of the chunk at `col` lies in the row (for kVectorized the
 // whole chunk does or does not: one predicate a chunk instead of eight, which
 // ptxas would otherwise keep in registers across the row loop).
