@@ -1,3 +1,5 @@
+#include <stdlib.h>
+
 #include <algorithm>
 #include <atomic>
 #include <map>
@@ -45,7 +47,27 @@ int max_block_shared_memory(int device) {
                                  "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
 }
 
+namespace {
+
+// OPENTE_DRAM_GB_PER_S_PER_SM, read once: a number >= 0, or -1 where it is not set.
+double dram_figure_from_environment() {
+  static const double figure = [] {
+    const char* text = getenv("OPENTE_DRAM_GB_PER_S_PER_SM");
+    if (!text || !*text) return -1.0;
+    char* end = nullptr;
+    const double value = strtod(text, &end);
+    return *end == '\0' && value >= 0.0 && value < 1e9 ? value : -2.0;  // -2: not a figure
+  }();
+  OPENTE_CHECK_ARG(figure != -2.0, "OPENTE_DRAM_GB_PER_S_PER_SM=", getenv("OPENTE_DRAM_GB_PER_S_PER_SM"),
+                   " is not a bandwidth (GB/s an SM, a number >= 0)");
+  return figure;
+}
+
+}  // namespace
+
 double dram_gb_per_s_per_sm(int device) {
+  const double from_environment = dram_figure_from_environment();
+  if (from_environment >= 0.0) return from_environment;
   static std::atomic<int> clock_khz[kMaxDevices] = {};
   static std::atomic<int> bus_bits[kMaxDevices] = {};
   const double clock = cached_device_attribute(clock_khz, cudaDevAttrMemoryClockRate, device,

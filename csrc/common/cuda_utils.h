@@ -53,7 +53,11 @@ int max_block_shared_memory(int device);
 // The device's peak DRAM bandwidth an SM, GB/s, from its memory clock and bus width
 // (H100 SXM 25.4: 3.35 TB/s over 132 SMs; H200 37.2: 4.9 TB/s over the same SMs); 0
 // where the device reports no memory clock. Kernels that choose a form by how far memory
-// outruns an SM's issue read it. Queried once per device.
+// outruns an SM's issue read it. Queried once per device. The environment variable
+// OPENTE_DRAM_GB_PER_S_PER_SM, where set, replaces it for every device (tests run the
+// H200's forms on an H100 with it, and a device whose attributes mislead can be set
+// right: under MIG they may give the whole GPU's memory bus beside the instance's SMs);
+// a value that is not a number >= 0 is an invalid argument.
 double dram_gb_per_s_per_sm(int device);
 // Whether `device` takes cooperative launches (cudaLaunchAttributeCooperative: the grid's
 // blocks all resident at once, so they may wait on one another). Queried once per device.

@@ -985,11 +985,12 @@ def test_bwd_cuda_long_rows_forms(norm, x_dtype, hidden, rows, device, gen):
     """The pipelined kernel's register forms: hidden 8193 to 9216 its 56-register form, two
     blocks an SM; 9217 to 12288 its 80-register form, x hat and dz * gamma held across the
     row's reduction (and every hidden up to there with 3 rows, and 5121 to 6144 where it
-    runs two blocks an SM as the plain form: 5128, 6144, not bf16 rmsnorm); 12296 the
-    plain one (RMSNorm's widest form, its dx by the slope, at blocks of more than 768 on a
-    device of 32 GB/s DRAM bandwidth an SM or more, an H200; an H100 runs the plain form).
-    Layernorm's blocks run in pairs from 200 rows, several rows a block from 1000. Against
-    the references, and a second call gives the same bits."""
+    runs two blocks an SM as the plain form: 5128, 6144, not bf16 rmsnorm); 12296 the plain
+    one (RMSNorm's widest form, its dx by the slope, at blocks of more than 768 on a device
+    of 32 GB/s DRAM bandwidth an SM or more, an H200, or under test_norm_device_forms.py's
+    figure; an H100 runs the plain form). Layernorm's blocks run in pairs from 200 rows,
+    several rows a block from 1000. Against the references, and a second call gives the same
+    bits."""
     check_bwd_cuda(norm, rows, hidden, x_dtype, torch.float32, rows % 2 == 1, device, gen, repeat=True)
 
 
@@ -1219,12 +1220,12 @@ def test_fwd_fp8_both_copies_tiled_hard_rows_cuda(norm, shape, device, gen):
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_fp8_pipelined_rows_cuda(norm, x_dtype, hidden, rows, fp8_dtype, hard, device, gen):
     """16-bit rows of 12288 to 16384 with a row-wise FP8 y take the pipelined forward on a
-    device of 32 GB/s DRAM bandwidth an SM (an H200; an H100 runs the row kernel both
-    times): its y, statistics, amax and scale_inv equal, bit for bit, those of the row
-    kernel, which writes the row-wise copy of a call of both copies here (then
-    transposed). 3 rows: fewer than the blocks; 1000: blocks take several rows, each
-    staged while the one before it is worked on; hard rows alternate an outlier in column
-    0 with rows of a large offset."""
+    device of 32 GB/s DRAM bandwidth an SM (an H200; an H100 runs the row kernel both times,
+    but the pipelined one under test_norm_device_forms.py's figure): its y, statistics, amax
+    and scale_inv equal, bit for bit, those of the row kernel, which writes the row-wise
+    copy of a call of both copies here (then transposed). 3 rows: fewer than the blocks;
+    1000: blocks take several rows, each staged while the one before it is worked on; hard
+    rows alternate an outlier in column 0 with rows of a large offset."""
     x, w, b = make_inputs((rows,), hidden, x_dtype, torch.float32, True, gen)
     if hard:
         x = with_hard_rows(x).to(x_dtype)

@@ -80,7 +80,8 @@ constexpr int kHoldingMaxThreads = 768;
 // H100 SXM (25; 4096 x 16384 153.6 -> 162.2, 8192 x 16384 285.8 -> 303.6). A shorter
 // row helps where an SM's issue bounds it, as an SM fed 1.5 times the bytes is; why the
 // H100 loses was not found (benchmarks/RESULTS.md, the forty-fourth, forty-eighth and
-// forty-ninth sessions). Devices between the two, untimed, keep the plain form.
+// forty-ninth sessions). Untimed: devices between the two keep the plain form, those past
+// an H200's figure take the widest.
 constexpr double kWidestMinDramGBPerSm = 32;
 
 constexpr int form_max_threads(PipelinedForm form) {

@@ -260,7 +260,8 @@ void launch_norm_fwd_tiled(const NormFwdParams& p, const NormFwdTileShape& tile,
 // rmsnorm from 3.6% slower to 2.3% faster; on an H100 SXM (25 GB/s an SM) 1.4-9.7% slower at 2048-12288 and within 4% at 16384
 // (benchmarks/RESULTS.md, the forty-eighth and forty-ninth sessions). Both FP8 copies
 // above the tiled kernel's widths (the row-wise pass then the transpose) lost 2-5% with it
-// at 12288 on the H200, so that path keeps the row kernel.
+// at 12288 on the H200, so that path keeps the row kernel. Untimed: devices between an
+// H100's figure and an H200's keep the row kernel, those past an H200's take this one.
 constexpr int64_t kNormFwdPipelinedMinHidden = 12288;
 constexpr double kNormFwdPipelinedMinDramGBPerSm = 32;
 bool norm_fwd_pipelined_takes(const NormFwdParams& p, bool vectorized, int device);
