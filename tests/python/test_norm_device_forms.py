@@ -20,7 +20,7 @@ import torch
 
 from test_normalization import CUDA, E4M3, NORMS, make_inputs, run_bwd, run_fwd
 
-H200_FORMS_MIN_GB_PER_S_PER_SM = 32  # kNormFwdPipelinedMinDramGBPerSm, kWidestMinDramGBPerSm
+H200_FORMS_MIN_GB_PER_S_PER_SM = 32  # kNormMemoryOutrunsSmsGBPerSm (csrc/ops/norm/norm_launch.h)
 ENV = "OPENTE_DRAM_GB_PER_S_PER_SM"
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -67,22 +67,12 @@ constexpr int kChunks = kNormBwdPipelinedChunks;
 //   the row's reduction instead of recomputed from the staged row for dx, so a row takes
 //   fewer instructions (layernorm spills 4-12 bytes).
 // - kWidest: kPlain's bounds, for blocks of more than kHoldingMaxThreads threads (hidden
-//   12289 to 16384, one block an SM) on devices of kWidestMinDramGBPerSm; it differs from
+//   12289 to 16384, one block an SM) where norm_memory_outruns_sms; it differs from
 //   kPlain only in RMSNorm's dx, which takes the slope there (see kSlope below).
 //   LayerNorm's plain kernel serves these rows.
 enum class PipelinedForm { kPlain, kCompact, kHolding, kWidest };
 constexpr int kCompactMaxThreads = 576;
 constexpr int kHoldingMaxThreads = 768;
-// The widest form only on devices with at least this DRAM bandwidth an SM (GB/s,
-// dram_gb_per_s_per_sm): RMSNorm's dx by the slope, at hidden 13312-16384, was 9.5-11.5%
-// faster on an H200 (37 GB/s an SM; 4096 x 16384 123.6 -> 111.8 us, 8192 x 16384 225.4
-// -> 203.6, of a same-bytes copy 80% -> 89% and 85% -> 94%) and 1.9-6.2% slower on an
-// H100 SXM (25; 4096 x 16384 153.6 -> 162.2, 8192 x 16384 285.8 -> 303.6). A shorter
-// row helps where an SM's issue bounds it, as an SM fed 1.5 times the bytes is; why the
-// H100 loses was not found (benchmarks/RESULTS.md, the forty-fourth, forty-eighth and
-// forty-ninth sessions). Untimed: devices between the two keep the plain form, those past
-// an H200's figure take the widest.
-constexpr double kWidestMinDramGBPerSm = 32;
 
 constexpr int form_max_threads(PipelinedForm form) {
   return form == PipelinedForm::kCompact ? kCompactMaxThreads
@@ -333,8 +323,11 @@ int64_t norm_bwd_pipelined_cuda(const NormBwdParams& p, int device, float* parti
   int64_t slots = 0;
   auto launch = [&](auto kernel, auto compact_kernel, auto holding_kernel, auto widest_kernel) {
     // blocks wider than the holding form's: the widest form (RMSNorm's dx by the slope)
-    // where memory outruns the SMs as on an H200 (kWidestMinDramGBPerSm)
-    if (shape.threads_per_row > kHoldingMaxThreads && dram_gb_per_s_per_sm(device) >= kWidestMinDramGBPerSm) {
+    // where memory outruns the SMs as on an H200 (norm_memory_outruns_sms: RMSNorm's dx by
+    // the slope at hidden 13312-16384 9.5-11.5% faster there, 4096 x 16384 123.6 -> 111.8
+    // us, 8192 x 16384 225.4 -> 203.6; 1.9-6.2% slower on an H100 SXM, 153.6 -> 162.2 and
+    // 285.8 -> 303.6)
+    if (shape.threads_per_row > kHoldingMaxThreads && norm_memory_outruns_sms(device)) {
       kernel = widest_kernel;
     }
     const void* fn = reinterpret_cast<const void*>(kernel);

@@ -16,13 +16,11 @@
 // The row kernel's row groups (norm_fwd_row_shape: four chunks a thread, whole warps;
 // here a group is the block), its sums in the same order and its formulas (its kWide
 // form's divisions by hidden, the pivot's broadcast load), so mu, rsigma, y and the amax
-// have the row kernel's bits: a row-wise call here and a call of both FP8 copies in the
-// row kernel (the row-wise pass of a call of both copies, norm_fwd.cu) write the same
-// row-wise bytes. Tried and dropped (benchmarks/RESULTS.md, the forty-eighth session):
-// gamma and beta staged in shared memory as fp32 (5.7-33% slower on an H100: the tiles
-// cost blocks), and both FP8 copies as this kernel's pass then the transpose.
-#include <algorithm>
-#include <type_traits>
+// have the row kernel's bits: a row-wise call here and the row-wise pass of a call of
+// both FP8 copies (the row kernel's, norm_fwd.cu) write the same bytes. Tried and
+// dropped (benchmarks/RESULTS.md, the forty-eighth session): gamma and beta staged in
+// shared memory as fp32 (5.7-33% slower on an H100: the tiles cost blocks), and both FP8
+// copies as this kernel's pass then the transpose.
 
 #include "common/cuda_utils.h"
 #include "common/dtype.h"
@@ -52,8 +50,7 @@ __global__ void __launch_bounds__(kMaxThreads, 2) norm_fwd_pipelined_kernel(Norm
   __shared__ float2 pair_scratch[kLayerNorm ? 2 * kMaxWarps : 1];
   // The block is one row group. Its index and thread made constants for the compiler: the
   // reductions' named barrier (1 + index) is then an immediate, and ptxas reserves two
-  // barriers a block instead of all 16 (which would hold an SM to four blocks, where the
-  // 128-thread blocks of hidden 4096 fit eight: sync_row_group, norm_kernels_common.cuh).
+  // barriers a block instead of all 16 (sync_row_group, norm_kernels_common.cuh).
   RowGroup group(int(blockDim.x));
   group.index = 0;
   group.thread = int(threadIdx.x);
@@ -207,7 +204,7 @@ void launch(const NormFwdParams& p, const NormRowShape& shape, int device, void*
 bool norm_fwd_pipelined_takes(const NormFwdParams& p, bool vectorized, int device) {
   return vectorized && dtype_size(p.in_dtype) == 2 && is_fp8(p.out_dtype) && p.output != nullptr &&
          p.output_t == nullptr && p.hidden >= kNormFwdPipelinedMinHidden && p.hidden <= kNormFwdMaxRegisterHidden &&
-         dram_gb_per_s_per_sm(device) >= kNormFwdPipelinedMinDramGBPerSm;
+         norm_memory_outruns_sms(device);
 }
 
 void norm_fwd_pipelined_cuda(const NormFwdParams& p, int device, void* stream) {

@@ -45,6 +45,8 @@ int64_t norm_resident_grid(const void* kernel, const NormRowShape& shape, size_t
   return std::max<int64_t>(1, std::min(wanted, resident * waves));
 }
 
+bool norm_memory_outruns_sms(int device) { return dram_gb_per_s_per_sm(device) >= kNormMemoryOutrunsSmsGBPerSm; }
+
 int64_t norm_bwd_grid(int64_t resident_grid, int device) {
   if (resident_grid <= kNormMaxRowBlocks) return resident_grid;
   const int64_t sms = multiprocessor_count(device);

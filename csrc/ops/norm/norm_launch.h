@@ -249,21 +249,28 @@ void norm_fwd_tiled_cuda(const NormFwdParams& p, int device, void* stream);
 template <te_dtype kIn, te_dtype kOut>
 void launch_norm_fwd_tiled(const NormFwdParams& p, const NormFwdTileShape& tile, int device, void* stream);
 
+// Whether `device`'s memory outruns its SMs as an H200's does: its peak DRAM bandwidth an
+// SM (dram_gb_per_s_per_sm, common/cuda_utils.h) is at least kNormMemoryOutrunsSmsGBPerSm.
+// Where it does, a row's instructions and latency bound these kernels more than memory,
+// and two forms won that lost on an H100 SXM (25.4 GB/s an SM; the H200 about 37): the
+// pipelined FP8 forward and RMSNorm's widest backward form (benchmarks/RESULTS.md, the
+// forty-fourth, forty-eighth and forty-ninth sessions). Untimed: devices between the two
+// keep the other kernels, those past an H200's figure take these.
+constexpr double kNormMemoryOutrunsSmsGBPerSm = 32;
+bool norm_memory_outruns_sms(int device);
+
 // The pipelined forward (norm_fwd_pipelined.cu): whether it takes this call (16-bit
 // `vectorized` rows of kNormFwdPipelinedMinHidden to kNormFwdMaxRegisterHidden, an FP8
-// y, row-wise only, on a device of kNormFwdPipelinedMinDramGBPerSm), and its launch. Its
-// row groups, sums and formulas are the row kernel's, so are its results' bits.
-// Where it runs, from its timings beside the row kernel's (FP8 y, us, row kernel /
-// pipelined): on an H200 (37 GB/s DRAM bandwidth an SM) rmsnorm 4096 x 12288 48.3 / 46.5,
-// 4096 x 16384 65.2 / 59.2 (77% -> 85% of a same-bytes copy), layernorm 57.7 / 56.6 and
-// 74.7 / 73.4; at hidden 2048-8192 layernorm 3.5-6.0% slower (16384 x 4096 67.0 / 70.0),
-// rmsnorm from 3.6% slower to 2.3% faster; on an H100 SXM (25 GB/s an SM) 1.4-9.7% slower at 2048-12288 and within 4% at 16384
-// (benchmarks/RESULTS.md, the forty-eighth and forty-ninth sessions). Both FP8 copies
-// above the tiled kernel's widths (the row-wise pass then the transpose) lost 2-5% with it
-// at 12288 on the H200, so that path keeps the row kernel. Untimed: devices between an
-// H100's figure and an H200's keep the row kernel, those past an H200's take this one.
+// y, row-wise only, where norm_memory_outruns_sms), and its launch. Its row groups, sums
+// and formulas are the row kernel's, so are its results' bits. From its timings beside
+// the row kernel's (FP8 y, us, row kernel / pipelined): on an H200 rmsnorm 4096 x 12288
+// 48.3 / 46.5, 4096 x 16384 65.2 / 59.2 (77% -> 85% of a same-bytes copy), layernorm 57.7
+// / 56.6 and 74.7 / 73.4; at hidden 2048-8192 layernorm 3.5-6.0% slower (16384 x 4096
+// 67.0 / 70.0), rmsnorm from 3.6% slower to 2.3% faster; on an H100 SXM 1.4-9.7% slower
+// at 2048-12288 and within 4% at 16384. Both FP8 copies above the tiled kernel's widths
+// (the row-wise pass then the transpose) lost 2-5% with it at 12288 on the H200, so that
+// path keeps the row kernel.
 constexpr int64_t kNormFwdPipelinedMinHidden = 12288;
-constexpr double kNormFwdPipelinedMinDramGBPerSm = 32;
 bool norm_fwd_pipelined_takes(const NormFwdParams& p, bool vectorized, int device);
 void norm_fwd_pipelined_cuda(const NormFwdParams& p, int device, void* stream);
 
