@@ -110,9 +110,16 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
     // their exponentials, which the store pass scales. The sum pass then neither converts
     // x again nor tests the mask, and x and the mask are dead after the max pass.
     float kept_exp[kExpOnce ? kN : 1][kV];
+    // The recomputing kernels of up to 6 vectors a thread (the causal kinds' rows of about
+    // sk 2048-4608 in 16-bit elements) skip the max pass's conversions of vectors wholly
+    // past the kept prefix, one branch a vector as the sum pass. Not the 8-vector kernels,
+    // whose registers grew with the branch (bf16 shifted: 64 -> 93, ptxas), nor kExpOnce's,
+    // whose rows are whole.
+    constexpr bool kSkipTail = !kExpOnce && kN <= 6;
 #pragma unroll
     for (int k = 0; k < kN; ++k) {
       const int left = kept + shift - (first + k * stride);  // kept elements from vector k on
+      if (kSkipTail && left <= 0) continue;
 #pragma unroll
       for (int i = 0; i < kV; ++i) {
         float t = element(xv[k], i) * scale2;
