@@ -8,6 +8,7 @@
 
 #include "common/cuda_elements.cuh"
 #include "common/error.h"
+#include "common/fast_divmod.h"
 #include "ops/activation/activation_params.h"
 
 namespace opente {
@@ -122,34 +123,6 @@ __device__ __forceinline__ void emit1(te_dtype dtype, void* out, int64_t i, floa
     store1_float(out, dtype, i, y);
   }
 }
-
-// Quotient and remainder by a divisor fixed for the kernel: a multiply-high and a
-// shift instead of the ~20 instructions of an integer division, where the
-// dividend is below 2^31 (Granlund and Montgomery: m = ceil(2^p / d), p = 31 +
-// ceil(log2 d), q = (n m) >> p); a plain 64-bit division otherwise.
-struct FastDivmod {
-  int64_t divisor = 1;
-  uint32_t multiplier = 0;
-  uint32_t shift = 0;
-  bool fast = false;  // every dividend < 2^31
-
-  FastDivmod() = default;
-  FastDivmod(int64_t d, int64_t max_dividend) : divisor(d) {
-    fast = d >= 1 && d < (int64_t(1) << 31) && max_dividend < (int64_t(1) << 31);
-    if (!fast || d == 1) return;
-    uint32_t log2_ceil = 0;
-    while ((int64_t(1) << log2_ceil) < d) ++log2_ceil;
-    const uint32_t p = 31 + log2_ceil;
-    multiplier = uint32_t(((uint64_t(1) << p) + uint64_t(d) - 1) / uint64_t(d));
-    shift = p - 32;
-  }
-
-  __device__ __forceinline__ int64_t div(int64_t n) const {
-    if (!fast) return n / divisor;
-    if (divisor == 1) return n;
-    return int64_t(__umulhi(uint32_t(n), multiplier) >> shift);
-  }
-};
 
 template <class In>
 __device__ __forceinline__ void to_float8(const Vec8<In>& x, float (&v)[8]) {

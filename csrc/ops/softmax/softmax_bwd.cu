@@ -19,19 +19,18 @@ using namespace softmax_kernels;
 // row's first and last vectors are read whole by the neighbouring row's threads too,
 // which discard the elements that are not theirs, while they may be written.
 template <class T, int kV, int kN, bool kSplit, bool kShifted = false>
-__global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_bwd_rows_kernel(SoftmaxBwdParams p) {
+__global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_bwd_rows_kernel(SoftmaxBwdParams p, RowIndex index) {
   __shared__ float scratch[2][kMaxWarps];
   [[maybe_unused]] __shared__ float exchange[2];  // kSplit: alternate rows' dots
   const int sk = int(p.sk);
   const RowPart part = row_part<kSplit>();
   // element k of a thread: first + k * stride
   const int first = threadIdx.x * kV + part.index * blockDim.x * kV, stride = blockDim.x * kV * part.count;
-  const int64_t row_groups = (p.rows + blockDim.y - 1) / blockDim.y;
   int slot = 0;
-  for (int64_t g = blockIdx.x / part.count; g < row_groups; g += gridDim.x / part.count, slot ^= 1) {
+  for (int64_t g = blockIdx.x / part.count; g < index.row_groups; g += gridDim.x / part.count, slot ^= 1) {
     const int64_t row = g * blockDim.y + threadIdx.y;
     const bool valid = row < p.rows;
-    const int kept = valid ? int(softmax_kept_prefix(p.kind, row, p.sq, sk)) : 0;
+    const int kept = valid ? int(kept_prefix(p, index, row)) : 0;
     const int shift = kShifted && valid ? int((row * sk) % kV) : 0;  // as in the forward
     [[maybe_unused]] const int room = kShifted && valid ? room_to_end(p.rows, row, sk, shift) : 0;
     const int64_t offset = (valid ? row * sk - shift : 0) + first;

@@ -48,7 +48,7 @@ constexpr float kMaskedLogit2 = kMaskedLogit * kLog2e;
 // the neighbouring rows come along and are discarded) and its first and last vectors
 // stored element by element (see launch_fwd).
 template <class T, int kV, int kN, bool kExplicitMask, bool kExpOnce, bool kSplit, bool kShifted = false>
-__global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(SoftmaxFwdParams p) {
+__global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(SoftmaxFwdParams p, RowIndex index) {
   __shared__ float scratch[2][kMaxWarps];
   [[maybe_unused]] __shared__ float2 exchange[2];  // kSplit: alternate rows' (max, sum)
   // In-row indices are ints: a row holds at most kMaxRowParts * kMaxThreadsPerRow * kN * kV elements.
@@ -56,24 +56,20 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
   const RowPart part = row_part<kSplit>();
   // element k of a thread: first + k * stride
   const int first = threadIdx.x * kV + part.index * blockDim.x * kV, stride = blockDim.x * kV * part.count;
-  const int64_t row_groups = (p.rows + blockDim.y - 1) / blockDim.y;
   const bool tail_counts = softmax_tail_counts(p.kind);
   const float scale2 = p.scale * kLog2e;
-  // the mask's rows (kShifted: where its buffer ends)
-  [[maybe_unused]] const int64_t mask_rows =
-      kExplicitMask ? (p.mask_broadcast ? 1 : p.rows / (p.heads * p.sq)) * p.sq : 0;
   int slot = 0;
-  for (int64_t g = blockIdx.x / part.count; g < row_groups; g += gridDim.x / part.count, slot ^= 1) {
+  for (int64_t g = blockIdx.x / part.count; g < index.row_groups; g += gridDim.x / part.count, slot ^= 1) {
     const int64_t row = g * blockDim.y + threadIdx.y;
     const bool valid = row < p.rows;
     // Rows past the end load nothing but still join the block's reductions.
-    const int kept = valid ? int(softmax_kept_prefix(p.kind, row, p.sq, sk)) : 0;
+    const int kept = valid ? int(kept_prefix(p, index, row)) : 0;
     // kShifted: in-row positions below count from the aligned address `shift` elements
     // before the row; 0 otherwise. (Row 0 starts aligned: nothing is read before x.)
     const int shift = kShifted && valid ? int((row * sk) % kV) : 0;
     [[maybe_unused]] const int room = kShifted && valid ? room_to_end(p.rows, row, sk, shift) : 0;
     const T* x = static_cast<const T*>(p.input) + (valid ? row * sk - shift : 0) + first;  // this thread's first vector
-    const int64_t mask_row = kExplicitMask && valid ? softmax_mask_row(p, row) : 0;
+    const int64_t mask_row = kExplicitMask && valid ? mask_row_of(p, index, row) : 0;
     const uint8_t* mask = kExplicitMask && valid ? p.mask + mask_row * sk + first : nullptr;
     // kShifted with the mask: `mask` is the mask row's own aligned start instead, and x's
     // vectors fall at other offsets in it (see load_shifted_mask).
@@ -82,7 +78,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
       mask_shift = int((mask_row * sk) % kV);
       mask_back = mask_shift < shift ? kV : 0;
       mask_e = mask_shift - shift + mask_back;
-      mask_room = valid ? room_to_end(mask_rows, mask_row, sk, mask_shift) : 0;
+      mask_room = valid ? room_to_end(index.mask_rows, mask_row, sk, mask_shift) : 0;
       mask = valid ? p.mask + mask_row * sk - mask_shift : nullptr;
     }
 

@@ -53,13 +53,21 @@ struct SoftmaxBwdParams {
   te_dtype dtype;
 };
 
+OPENTE_HOST_DEVICE inline bool softmax_is_causal(SoftmaxKind kind) {
+  return kind == SoftmaxKind::kUpperTriang || kind == SoftmaxKind::kAlignedCausal;
+}
+
 // The number of leading positions of row `row` that are not masked by a causal
 // kind: j is kept when j <= i + (sk - sq), i = row % sq (upper-triangular has sq
 // == sk, so j <= i). Whole rows for the other kinds. In [0, sk].
-OPENTE_HOST_DEVICE inline int64_t softmax_kept_prefix(SoftmaxKind kind, int64_t row, int64_t sq, int64_t sk) {
-  if (kind != SoftmaxKind::kUpperTriang && kind != SoftmaxKind::kAlignedCausal) return sk;
-  const int64_t kept = row % sq + (sk - sq) + 1;
+// softmax_causal_kept_prefix takes i itself (the CUDA row kernels divide by sq their own way).
+OPENTE_HOST_DEVICE inline int64_t softmax_causal_kept_prefix(int64_t i, int64_t sq, int64_t sk) {
+  const int64_t kept = i + (sk - sq) + 1;
   return kept < 0 ? 0 : (kept > sk ? sk : kept);
+}
+
+OPENTE_HOST_DEVICE inline int64_t softmax_kept_prefix(SoftmaxKind kind, int64_t row, int64_t sq, int64_t sk) {
+  return softmax_is_causal(kind) ? softmax_causal_kept_prefix(row % sq, sq, sk) : sk;
 }
 
 // Whether the positions past the kept prefix join the max and the sum with
