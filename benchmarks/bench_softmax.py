@@ -2,13 +2,14 @@
 device's copy bandwidth and against PyTorch, in one run.
 
     python3 benchmarks/bench_softmax.py            # needs a CUDA GPU
+    python3 benchmarks/bench_softmax.py --dtype fp16 --shapes 2x16x512x2047
 
-Bytes counted (bf16, n elements): a forward reads x and writes y (4n), the masked one also
+Bytes counted (bf16 or fp16: --dtype; n elements): a forward reads x and writes y (4n), the masked one also
 reads its [b, 1, sq, sk] bool mask; a backward reads dy and y and writes dx (6n). The causal
 kinds read only the kept positions (j <= i + sk - sq) and write all of them, so they count
 2 bytes a kept element per tensor read. The backward runs in place, as Transformer Engine's.
 
-PyTorch does the same work as a user would without the fused op: softmax(x * scale) in bf16
+PyTorch does the same work as a user would without the fused op: softmax(x * scale) in x's dtype
 (fp32 math inside), with masked_fill(mask, -10000) or masked_fill(causal, -inf) first, and
 the autograd backward of that graph (timed as the backward of a saved graph).
 """
@@ -24,6 +25,7 @@ from timing import add_ops_argument, print_bandwidth_table
 from transformer_engine.pytorch.cpp_extensions import softmax as S
 
 SCALE = 0.125
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def kept_elements(sq: int, sk: int, batches: int) -> int:
@@ -32,10 +34,11 @@ def kept_elements(sq: int, sk: int, batches: int) -> int:
     return int((i + (sk - sq) + 1).clamp(0, sk).sum()) * batches
 
 
-def cases(b: int, h: int, sq: int, sk: int):
-    """(op, shape text, bytes, ours, theirs) for every op at [b, h, sq, sk]."""
-    dev, bf16 = "cuda", torch.bfloat16
-    x = torch.randn(b, h, sq, sk, device=dev, dtype=bf16)
+def cases(b: int, h: int, sq: int, sk: int, dtype: torch.dtype):
+    """(op, shape text, bytes, ours, theirs) for every op at [b, h, sq, sk] in `dtype` (16-bit:
+    the byte counts take 2 bytes an element)."""
+    dev = "cuda"
+    x = torch.randn(b, h, sq, sk, device=dev, dtype=dtype)
     n = x.numel()
     shape = f"[{b}, {h}, {sq}, {sk}]"
 
@@ -78,7 +81,7 @@ def cases(b: int, h: int, sq: int, sk: int):
         print(f"bench_softmax.py: upper triang [{batches}, {s}, {s}] skipped: it needs about {need / 2**30:.0f} GiB, "
               f"{free / 2**30:.0f} GiB free", file=sys.stderr)
         return
-    xu = torch.randn(batches, s, s, device=dev, dtype=bf16)
+    xu = torch.randn(batches, s, s, device=dev, dtype=dtype)
     triu = torch.ones(s, s, device=dev, dtype=torch.bool).triu(1)
     kept_u = kept_elements(s, s, batches)
     nu = xu.numel()
@@ -92,17 +95,18 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--shapes", default="4x16x2048x2048,1x16x512x16384",
-                        help="comma-separated b x h x sq x sk (bf16)")
+                        help="comma-separated b x h x sq x sk")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="x's dtype (16-bit)")
     add_ops_argument(parser)
     args = parser.parse_args()
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
 
     def rows():
         for b, h, sq, sk in shapes:
-            yield from cases(b, h, sq, sk)
+            yield from cases(b, h, sq, sk, DTYPES[args.dtype])
             torch.cuda.empty_cache()  # the next shape's tensors may be as large
 
-    print_bandwidth_table("bench_softmax.py", rows(), args.iters, "shape (bf16)", args.ops)
+    print_bandwidth_table("bench_softmax.py", rows(), args.iters, f"shape ({args.dtype})", args.ops)
 
 
 if __name__ == "__main__":
