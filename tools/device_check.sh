@@ -15,6 +15,9 @@
 #   SANITIZE_FILES="tests/python/test_gemm.py" STEPS=sanitizer bash tools/device_check.sh
 #   PROFILE_KERNELS=norm_fwd_rows_kernel PROFILE_BENCH="benchmarks/bench_norm.py --iters 1 --shapes 4096x16384" \
 #     STEPS=profile bash tools/device_check.sh
+#   PROFILE_KERNELS=softmax_fwd_rows_kernel STEPS="build profile" \
+#     PROFILE_BENCH="benchmarks/bench_softmax.py --iters 1 --ops masked --shapes 2x16x512x2047" \
+#     bash tools/device_check.sh      # then: python3 tools/ncu_sass.py ncu_softmax_fwd_rows_kernel.sass.csv
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/opente_device}
@@ -81,12 +84,17 @@ if step host; then
 fi
 
 if step profile; then
-  # PROFILE_KERNELS (kernel base names) under PROFILE_BENCH (a benchmark and its arguments)
+  # PROFILE_KERNELS (kernel base names) under PROFILE_BENCH (a benchmark and its arguments).
+  # Each report's source page too (ncu_<kernel>.sass.csv: every SASS line's executed count
+  # and stall samples), which tools/ncu_sass.py reads.
   for kernel in ${PROFILE_KERNELS:-cast_kernel cast_transpose_kernel dequantize_kernel amax_kernel}; do
     ncu --clock-control none --kernel-name "$kernel" --launch-skip 5 --launch-count 1 \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-      --section SchedulerStats --section MemoryWorkloadAnalysis \
-      python3 ${PROFILE_BENCH:-benchmarks/bench_quantize.py --iters 1 --shapes 8192x8192} >"$OUT/ncu_$kernel.log" 2>&1
+      --section SchedulerStats --section MemoryWorkloadAnalysis --section InstructionStats \
+      --section SourceCounters -f -o "/tmp/ncu_$kernel" \
+      python3 ${PROFILE_BENCH:-benchmarks/bench_quantize.py --iters 1 --shapes 8192x8192} >"$OUT/ncu_$kernel.run.log" 2>&1
+    ncu -i "/tmp/ncu_$kernel.ncu-rep" --page details >"$OUT/ncu_$kernel.log" 2>&1
+    ncu -i "/tmp/ncu_$kernel.ncu-rep" --page source --csv --print-source sass >"$OUT/ncu_$kernel.sass.csv" 2>&1
     note "ncu $kernel: $(grep -E '^ +(Duration|DRAM Throughput|L2 Cache Throughput|Achieved Occupancy|Registers Per Thread) ' "$OUT/ncu_$kernel.log" | tr -s ' ' | tr '\n' ';')"
   done
 fi
