@@ -4,14 +4,15 @@ device's copy bandwidth and against PyTorch, in one run.
     python3 benchmarks/bench_softmax.py            # needs a CUDA GPU
     python3 benchmarks/bench_softmax.py --dtype fp16 --shapes 2x16x512x2047
 
-Bytes counted (bf16 or fp16: --dtype; n elements): a forward reads x and writes y (4n), the masked one also
-reads its [b, 1, sq, sk] bool mask; a backward reads dy and y and writes dx (6n). The causal
-kinds read only the kept positions (j <= i + sk - sq) and write all of them, so they count
-2 bytes a kept element per tensor read. The backward runs in place, as Transformer Engine's.
+Bytes counted (bf16 or fp16, --dtype; n elements): a forward reads x and writes y (4n), the
+masked one also reads its [b, 1, sq, sk] bool mask; a backward reads dy and y and writes dx
+(6n). The causal kinds read only the kept positions (j <= i + sk - sq) and write all of
+them, so they count 2 bytes a kept element per tensor read. The backward runs in place, as
+Transformer Engine's.
 
-PyTorch does the same work as a user would without the fused op: softmax(x * scale) in x's dtype
-(fp32 math inside), with masked_fill(mask, -10000) or masked_fill(causal, -inf) first, and
-the autograd backward of that graph (timed as the backward of a saved graph).
+PyTorch does the same work as a user would without the fused op: softmax(x * scale) in x's
+dtype (fp32 math inside), with masked_fill(mask, -10000) or masked_fill(causal, -inf) first,
+and the autograd backward of that graph (timed as the backward of a saved graph).
 """
 
 from __future__ import annotations
