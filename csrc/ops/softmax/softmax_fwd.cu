@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
     const int64_t mask_row = kExplicitMask && valid ? mask_row_of(p, index, row) : 0;
     const uint8_t* mask = kExplicitMask && valid ? p.mask + mask_row * sk + first : nullptr;
     // kShifted with the mask: `mask` is the mask row's own aligned start instead, and x's
-    // vectors fall at other offsets in it (see load_shifted_mask).
+    // vectors fall at other offsets in it (see load_mask_pair).
     [[maybe_unused]] int mask_shift = 0, mask_back = 0, mask_e = 0, mask_room = 0;
     if constexpr (kShifted && kExplicitMask) {
       mask_shift = int((mask_row * sk) % kV);
@@ -86,17 +86,23 @@ __global__ void __launch_bounds__(kMaxThreadsPerRow) softmax_fwd_rows_kernel(Sof
     // nothing is loaded: the passes below convert every vector and discard those.)
     Packed<T, kV> xv[kN] = {};
     Packed<uint8_t, kV> mv[kN] = {};
+    [[maybe_unused]] Packed<uint8_t, kV> mask_hi[kExplicitMask && kShifted ? kN : 1] = {};
 #pragma unroll
     for (int k = 0; k < kN; ++k) {
       if (first + k * stride < kept + shift) {
         xv[k] = load_row_vector<T, kV, kShifted>(x + k * stride, first + k * stride, room,
                                                  sk + shift - (first + k * stride));
         if constexpr (kExplicitMask && kShifted) {
-          mv[k] = load_shifted_mask<kV>(mask, first + k * stride - mask_back, mask_e, sk + mask_shift, mask_room);
+          load_mask_pair<kV>(mask, first + k * stride - mask_back, mask_e, sk + mask_shift, mask_room, mv[k],
+                             mask_hi[k]);
         } else if constexpr (kExplicitMask) {
           mv[k] = load_packed<uint8_t, kV>(mask + k * stride);
         }
       }
+    }
+    if constexpr (kExplicitMask && kShifted) {  // x's mask bytes, once every load is in flight
+#pragma unroll
+      for (int k = 0; k < kN; ++k) mv[k] = shifted_mask_bytes<kV>(mv[k], mask_hi[k], mask_e);
     }
     // Selects, not branches, from here: per-element branches made the compiler
     // keep far more registers live. Positions past the kept prefix (and vectors

@@ -26,7 +26,7 @@
 // (the mask kV-byte aligned): where sk is not a multiple of kV, the row kernels load each
 // row's vectors from the aligned address before its start (kShifted; the explicit mask's
 // bytes from two aligned vectors of its own row, which starts at another shift than x's:
-// load_shifted_mask); kV = 1 otherwise.
+// load_mask_pair); kV = 1 otherwise.
 // The causal kinds load only the kept prefix of a row and store zeros past it.
 //
 // Registers (ptxas, sm_90a): at bf16 sk = 2048 the causal forward (a warp per
@@ -189,13 +189,24 @@ __device__ __forceinline__ Packed<uint8_t, kV> load_mask_part(const uint8_t* bas
   return load_packed<uint8_t, kV>(base + o);
 }
 
+// The two aligned mask vectors of one of x's vectors (see load_mask_part), loaded into
+// `lo` and `hi`; shifted_mask_bytes takes x's bytes from them. Two steps, so that a row's
+// every load is in flight before the first shift waits on its vectors: with the shift
+// inside the loads' loop the warps waited on each vector's mask in turn (ncu on an H100,
+// the masked forward at bf16 [2, 16, 512, 2047]: a quarter of its stall samples, on the
+// three vectors' first selects, each after its own load).
 template <int kV>
-__device__ __forceinline__ Packed<uint8_t, kV> load_shifted_mask(const uint8_t* base, int o, int e, int end,
-                                                                 int room) {
+__device__ __forceinline__ void load_mask_pair(const uint8_t* base, int o, int e, int end, int room,
+                                               Packed<uint8_t, kV>& lo, Packed<uint8_t, kV>& hi) {
+  lo = load_mask_part<kV>(base, o, end, room, true);
+  hi = load_mask_part<kV>(base, o + kV, end, room, e != 0);
+}
+
+template <int kV>
+__device__ __forceinline__ Packed<uint8_t, kV> shifted_mask_bytes(const Packed<uint8_t, kV>& lo,
+                                                                  const Packed<uint8_t, kV>& hi, int e) {
   static_assert(kV == 4 || kV == 8, "mask vectors of 4 or 8 bytes");
   constexpr int kWords = kV / 4;
-  const Packed<uint8_t, kV> lo = load_mask_part<kV>(base, o, end, room, true);
-  const Packed<uint8_t, kV> hi = load_mask_part<kV>(base, o + kV, end, room, e != 0);
   uint32_t w[2 * kWords + 1];  // the two vectors' words, and a zero past them
 #pragma unroll
   for (int j = 0; j < kWords; ++j) {
