@@ -1,7 +1,7 @@
-// FastDivmod (common/fast_divmod.h), whose div() the kernels take for n / d where d is fixed
-// for a launch (a softmax row's attention matrix and mask row, a gated activation's row),
-// checked on the CPU against the division it replaces: the edges of every power of two
-// among the divisors and the dividends, and random pairs.
+// FastDivmod (common/fast_divmod.h), whose div() and div_fast() the kernels take for n / d
+// where d is fixed for a launch (a softmax row's attention matrix and mask row, a gated
+// activation's row), checked on the CPU against the division it replaces: the edges of
+// every power of two among the divisors and the dividends, and random pairs.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -27,8 +27,10 @@ std::vector<int64_t> edges_below(int64_t limit) {
   return kept;
 }
 
+// div, and div_fast where the divisor allows it (every dividend below 2^31)
 void expect_exact(const FastDivmod& by, int64_t d, int64_t n) {
   ASSERT_EQ(by.div(n), n / d) << "n " << n << " d " << d << " fast " << by.fast;
+  if (by.fast) ASSERT_EQ(by.div_fast(n), n / d) << "div_fast: n " << n << " d " << d;
 }
 
 TEST(FastDivmod, EdgesOfDivisorsAndDividends) {

@@ -591,6 +591,56 @@ def test_many_rows_cuda_large(device, gen):
     check_cuda_bwd("aligned_causal", torch.bfloat16, (1, 2, 128), 40001, 0.5, gen)
 
 
+@pytest.mark.parametrize("device", CUDA)
+def test_rows_past_2_31_cuda_large(device):
+    """Rows past 2^31 (2 x 2^30 + 16 of sk = 2): the row kernels divide a row's index by
+    multiplies (softmax_rows.cuh, RowIndex), exact below 2^31 only, so these take the
+    long-row kernel. The rows around 2^31 and the last ones are checked against float64:
+    the masked forward and backward with a mask a batch (the second batch's rows lie past
+    2^31), and the aligned causal forward, whose last rows of a matrix keep 2, 1 and 0
+    positions. About 28 GiB of GPU memory."""
+    free, _ = torch.cuda.mem_get_info()
+    if free < 40 * 2**30:
+        pytest.skip("needs about 40 GiB of free GPU memory")
+    b, sq, sk, scale = 2, 2**30 + 8, 2, 0.75
+    rows = b * sq
+    assert rows > 2**31
+    cuda_gen = torch.Generator(device="cuda")
+    cuda_gen.manual_seed(5)
+    # drawn in their own dtypes: fp32 copies of these would take 16 GiB each
+    x = torch.randn(b, 1, sq, sk, device="cuda", dtype=torch.bfloat16, generator=cuda_gen)
+    mask = torch.randint(0, 10, (b, 1, sq, sk), device="cuda", dtype=torch.uint8, generator=cuda_gen) < 3
+    # the first rows, and from 64 before 2^31 to the last (rows is 2^31 + 16)
+    picked = torch.cat([torch.arange(0, 64), torch.arange(2**31 - 64, rows)])
+    picked = picked.cuda()
+
+    def rows_of(t):  # [rows, sk] float64 of the picked rows
+        return t.reshape(rows, sk)[picked].double()
+
+    y = S.scaled_masked_softmax_forward(x, mask, scale)
+    x_rows, m_rows = rows_of(x), mask.reshape(rows, sk)[picked]
+    ref = torch.softmax((x_rows * scale).masked_fill(m_rows, -10000.0), -1)
+    ref[m_rows.all(-1)] = 0.0  # Transformer Engine's zero rows
+    torch.testing.assert_close(rows_of(y), ref, rtol=2**-8, atol=2**-9)
+
+    dy = torch.randn(b, 1, sq, sk, device="cuda", dtype=torch.bfloat16, generator=cuda_gen)
+    dy_rows, y_rows = rows_of(dy), rows_of(y)
+    dx = S.scaled_masked_softmax_backward(dy, y, scale)  # in place, into dy
+    g = dy_rows * y_rows
+    ref_dx = scale * (g - y_rows * g.sum(-1, keepdim=True))
+    torch.testing.assert_close(rows_of(dx), ref_dx, rtol=2**-7, atol=2**-8)
+    del y, dy, dx, mask
+
+    y = S.scaled_aligned_causal_masked_softmax_forward(x, scale)
+    i = picked % sq
+    kept = (i + (sk - sq) + 1).clamp(0, sk)
+    past = torch.arange(sk, device="cuda")[None, :] >= kept[:, None]
+    # the positions past the kept prefix count in the sum at -10000 and are written as 0
+    ref = torch.softmax((x_rows * scale).masked_fill(past, -10000.0), -1).masked_fill(past, 0.0)
+    assert kept[-3:].tolist() == [0, 1, 2]
+    torch.testing.assert_close(rows_of(y), ref, rtol=2**-8, atol=2**-9)
+
+
 # ---- CUDA: row lengths, scales and masks the lists above leave out -----------------------------
 
 

@@ -110,12 +110,20 @@ __device__ __forceinline__ void store_partial(T* p, const Packed<T, kV>& v, int 
 // its mask row by multiplies (FastDivmod). As divisions these were 64-bit ones with a 32-bit
 // path, 25-40 instructions each for every warp's every row: at bf16 [2, 16, 512, 2047] the
 // masked forward spent about 130 of its 1038 instructions a warp on its four (H100, ncu's
-// executed SASS), the scaled one 30 of 687; the causal kinds took two a row (the row groups, row % sq).
+// executed SASS), the scaled one 30 of 687; the causal kinds took two a row (the row
+// groups, row % sq). The multiplies alone (FastDivmod::div_fast): the row kernels take
+// rows below 2^31 (launch_rows), and the 64-bit division kept beside each multiply cost
+// registers where it never ran (bf16 shifted backward of 8 vectors a thread 110 -> 101,
+// fp16's of 4 73 -> 64, ptxas).
 struct RowIndex {
   int64_t row_groups = 0;  // rows / blockDim.y, rounded up
   int64_t mask_rows = 0;   // the forward's kMasked: rows of its [mask batches * sq, sk] mask
   FastDivmod by_sq;        // row -> its attention matrix, b h + head
   FastDivmod by_heads;     // the forward's kMasked, a mask a batch: attention matrix -> batch
+
+  // Whether the row kernels' multiplies divide every row: rows below 2^31 (by_sq's dividends;
+  // by_heads', the attention matrices, are fewer; the backward leaves by_heads unbuilt).
+  bool divides_by_multiplies() const { return by_sq.fast; }
 };
 
 // Rows of sq rows an attention matrix, in groups of block_rows.
@@ -142,13 +150,13 @@ inline RowIndex row_index(const SoftmaxFwdParams& p, int64_t block_rows) {
 template <class Params>
 __device__ __forceinline__ int64_t kept_prefix(const Params& p, const RowIndex& index, int64_t row) {
   if (!softmax_is_causal(p.kind)) return p.sk;
-  return softmax_causal_kept_prefix(row - index.by_sq.div(row) * p.sq, p.sq, p.sk);
+  return softmax_causal_kept_prefix(row - index.by_sq.div_fast(row) * p.sq, p.sq, p.sk);
 }
 
 // The row of the mask that row `row` takes (softmax_mask_row).
 __device__ __forceinline__ int64_t mask_row_of(const SoftmaxFwdParams& p, const RowIndex& index, int64_t row) {
-  const int64_t matrix = index.by_sq.div(row);
-  const int64_t batch = p.mask_broadcast ? 0 : index.by_heads.div(matrix);
+  const int64_t matrix = index.by_sq.div_fast(row);
+  const int64_t batch = p.mask_broadcast ? 0 : index.by_heads.div_fast(matrix);
   return batch * p.sq + (row - matrix * p.sq);
 }
 
@@ -405,13 +413,15 @@ __device__ __forceinline__ float warp_butterfly(float v, Op op) {
 // clusters than the GPU holds at once, striding over the rows: a cluster a row
 // group, launched as the last ones ended, ran 8-17% slower (H100, bf16, sk 40000-
 // 131072: bench_softmax.py). It returns false, launching nothing, where the GPU
-// cannot run such a cluster (a partitioned context): the caller then takes the
-// long-row kernel.
+// cannot run such a cluster (a partitioned context), or where the rows reach 2^31 (the
+// kernels divide a row index by multiplies: RowIndex): the caller then takes the long-row
+// kernel.
 template <class Params>
 bool launch_rows(void (*kernel)(Params, RowIndex), const RowPlan& plan, const Params& p, int device,
                  cudaStream_t stream, const char* name) {
   const dim3 block(unsigned(plan.threads_per_row), unsigned(block_rows(plan)));
   const RowIndex index = row_index(p, block.y);
+  if (!index.divides_by_multiplies()) return false;
   const int64_t row_groups = index.row_groups;
   if (plan.parts == 1) {
     kernel<<<unsigned(std::min<int64_t>(row_groups, INT32_MAX)), block, 0, stream>>>(p, index);
