@@ -337,6 +337,11 @@ template <class Op>
 __device__ __forceinline__ float row_reduce(float v, Op op, float* scratch) {
   const int group = blockDim.x;
   const int width = group < 32 ? group : 32;
+  // A loop over the width's steps (5 instructions a step). Unrolled, each step under a test
+  // of the width, the predicated-off steps still issue: more instructions for groups of
+  // fewer than 16 lanes, as many at 16, about 11 fewer a row (its two reductions) at whole
+  // warps (tools/sass_loops.py, fifty-first session), and a spill in one fp16 kernel; so it
+  // stays a loop.
   for (int offset = width / 2; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
   if (group > 32) {
     const int tid = threadIdx.y * group + threadIdx.x;
