@@ -79,14 +79,25 @@ __device__ __forceinline__ Packed<T, kV> load_packed(const T* p) {
   return *reinterpret_cast<const Packed<T, kV>*>(p);
 }
 
+// 16- and 8-byte vectors as one vector store each, written out as PTX. As plain C++
+// stores, of the struct or of a uint4, the kShifted kernels' vectors (beside
+// store_partial's branch) came out of the compiler as four 32-bit stores each (PTX);
+// __stwb's st.global.wb came out as a strong store (STG.E.128.STRONG.SM, SASS).
 template <class T, int kV>
 __device__ __forceinline__ void store_packed(T* p, const Packed<T, kV>& v) {
-  *reinterpret_cast<Packed<T, kV>*>(p) = v;
+  if constexpr (Packed<T, kV>::kBytes == 16) {
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]),
+                 "r"(v.w[3]));
+  } else if constexpr (Packed<T, kV>::kBytes == 8) {
+    asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(p), "r"(v.w[0]), "r"(v.w[1]));
+  } else {
+    *reinterpret_cast<Packed<T, kV>*>(p) = v;
+  }
 }
 
-// kShifted rows (see launch_fwd): elements [lo, hi) of the vector at p, one at a time;
-// the others are left zero (load) or untouched (store), as they belong to other rows or
-// lie past the buffer's end.
+// kShifted rows (see launch_fwd): elements [lo, hi) of the vector at p, one at a time,
+// the others left zero, as they belong to other rows or lie past the buffer's end (the
+// stores: store_partial).
 template <class T, int kV>
 __device__ __forceinline__ Packed<T, kV> load_partial(const T* p, int lo, int hi) {
   Packed<T, kV> v{};
@@ -97,11 +108,69 @@ __device__ __forceinline__ Packed<T, kV> load_partial(const T* p, int lo, int hi
   return v;
 }
 
+// Element i's bits (a 16-bit element in the low half), taken from the words by shifts: a
+// constant i keeps the vector in registers.
 template <class T, int kV>
-__device__ __forceinline__ void store_partial(T* p, const Packed<T, kV>& v, int lo, int hi) {
+__device__ __forceinline__ uint32_t element_bits(const Packed<T, kV>& v, int i) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 2, "element_bits: 32- or 16-bit elements");
+  if constexpr (sizeof(T) == 4 || kV == 1) {
+    return uint32_t(v.w[i]);
+  } else {
+    return i % 2 ? v.w[i / 2] >> 16 : v.w[i / 2] & 0xffffu;
+  }
+}
+
+// Each element a store of its own width. Copied out of the vector's bytes (memcpy), every
+// element went out as two byte stores (SASS, the kShifted kernels).
+template <class T, int kV>
+__device__ __forceinline__ void store_elements(T* p, const Packed<T, kV>& v, int lo, int hi) {
+  using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint16_t>;
 #pragma unroll
   for (int i = 0; i < kV; ++i) {
-    if (i >= lo && i < hi) memcpy(p + i, reinterpret_cast<const char*>(&v) + i * sizeof(T), sizeof(T));
+    if (i >= lo && i < hi) reinterpret_cast<Bits*>(p)[i] = Bits(element_bits(v, i));
+  }
+}
+
+// Word i of a 16-byte vector, i not known at compile time: selects, so that the vector
+// stays in registers.
+template <class T, int kV>
+__device__ __forceinline__ uint32_t word_at(const Packed<T, kV>& v, int i) {
+  return i == 0 ? v.w[0] : i == 1 ? v.w[1] : i == 2 ? v.w[2] : v.w[3];
+}
+
+// kShifted rows' first and last vectors (see store_row_vector): the row's part of the 16
+// bytes at p, [lo, hi) in elements, as at most three stores of 8, 4 and 2 bytes, each
+// aligned to its width (p is a vector's aligned address); the other elements belong to
+// the neighbouring rows. Element by element (and as byte stores) a vector's edge was up
+// to 16 stores, each a write request of its own for the L2 where a warp's stores reached
+// many rows (ncu, H100, bf16 [8, 16, 512, 150]: the causal forward in groups of 4 threads
+// 3.4 M requests, 52 a row, against 0.8 M in groups of 16). With the whole vectors'
+// stores above, the shifted short rows ran 8-11% faster (H100, bf16 sk 150 and 257).
+// A row that starts and ends inside one vector (sk < kV) goes element by element.
+template <class T, int kV>
+__device__ __forceinline__ void store_partial(T* p, const Packed<T, kV>& v, int lo, int hi) {
+  static_assert(Packed<T, kV>::kBytes == 16, "store_partial: 16-byte vectors");
+  char* bytes = reinterpret_cast<char*>(p);
+  if (lo > 0 && hi < kV) {
+    store_elements<T, kV>(p, v, lo, hi);
+  } else if (lo > 0) {  // bytes [at, 16): the first vector's tail, the row's start
+    int at = lo * int(sizeof(T));
+    if (sizeof(T) == 2 && (at & 2)) {
+      *reinterpret_cast<uint16_t*>(bytes + at) = uint16_t(word_at(v, at / 4) >> 16);
+      at += 2;
+    }
+    if (at & 4) {
+      *reinterpret_cast<uint32_t*>(bytes + at) = word_at(v, at / 4);
+      at += 4;
+    }
+    if (at == 8) asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(bytes + 8), "r"(v.w[2]), "r"(v.w[3]));
+  } else {  // bytes [0, n): the last vector's head, the row's end
+    const int n = hi * int(sizeof(T));
+    if (n & 8) asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(bytes), "r"(v.w[0]), "r"(v.w[1]));
+    if (n & 4) *reinterpret_cast<uint32_t*>(bytes + (n & 8)) = word_at(v, (n & 8) / 4);
+    if (sizeof(T) == 2 && (n & 2)) {
+      *reinterpret_cast<uint16_t*>(bytes + (n & 12)) = uint16_t(word_at(v, (n & 12) / 4));
+    }
   }
 }
 
@@ -260,7 +329,7 @@ __device__ __forceinline__ float element(const Packed<T, kV>& x, int i) {
     return __uint_as_float(x.w[i]);
   } else {
     static_assert(sizeof(T) == 2, "element: float, __half or __nv_bfloat16");
-    const uint32_t bits = kV == 1 ? uint32_t(x.w[0]) : (i % 2 ? uint32_t(x.w[i / 2]) >> 16 : x.w[i / 2] & 0xffffu);
+    const uint32_t bits = element_bits(x, i);
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
       return __uint_as_float(bits << 16);  // bf16 is the high half of an fp32
     } else {
