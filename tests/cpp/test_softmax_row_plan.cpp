@@ -5,6 +5,7 @@
 // and a GPU run only meets the lengths it tests.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 
 #include "ops/softmax/softmax_row_plan.h"
@@ -36,17 +37,26 @@ void check_plan(int64_t units, const int (&counts)[kCounts], bool split, int64_t
   const int64_t n = plan.per_thread, g = plan.threads_per_row;
   ASSERT_GE(g, 1);
   ASSERT_LE(g, kMaxThreadsPerRow);
-  // the first count whose single warp holds the row, else the largest; by
-  // kSmallestInSameThreads, where one block holds the row, the smallest count that
-  // holds it in as many threads as the largest
+  // the first count whose single warp holds the row (by kSmallestInSameThreads, of those
+  // in groups of at least kMinSubWarpThreads, the one whose power-of-two group has fewer
+  // slots than the first's, the first of the fewest), else the largest; by
+  // kSmallestInSameThreads, where one block holds the row, the smallest count that holds
+  // it in as many threads as the largest
   int expected_n = largest;
+  int64_t fewest_slots = INT64_MAX;
   for (int c : counts) {
-    if (units <= 32 * int64_t(c)) {
+    if (units > 32 * int64_t(c)) continue;
+    const int64_t threads = next_pow2((units + c - 1) / c);
+    if (fill == Fill::kLargestCount) {
       expected_n = c;
       break;
     }
+    if (fewest_slots == INT64_MAX || (threads >= kMinSubWarpThreads && threads * c < fewest_slots)) {
+      fewest_slots = threads * c;
+      expected_n = c;
+    }
   }
-  if (fill == Fill::kSmallestInSameThreads && expected_n == largest && plan.parts == 1) {
+  if (fill == Fill::kSmallestInSameThreads && units > 32 * int64_t(largest) && plan.parts == 1) {
     const int64_t largest_group = group_threads(units, largest, whole_warps);
     for (int c : counts) {
       if (group_threads(units, c, whole_warps) == largest_group) {
@@ -203,6 +213,42 @@ TEST(SoftmaxRowPlan, VectorsSixInTheSameThreads) {
   EXPECT_EQ(plan(1536, kFwdWholeWarps).threads_per_row, 192);
   EXPECT_EQ(plan(2560, kFwdWholeWarps).per_thread, 8);
   EXPECT_EQ(plan(2560, kFwdWholeWarps).threads_per_row, 320);
+}
+
+// Rows one warp holds, by kSmallestInSameThreads: the fewest slots, so that fewer of a
+// warp's instructions go to slots past the row's end.
+TEST(SoftmaxRowPlan, SubWarpRowsFewestSlots) {
+  const auto plan = [](int64_t units, const auto& counts) {
+    return plan_rows(units, counts, true, kFwdWholeWarps, Fill::kSmallestInSameThreads);
+  };
+  // bf16 sk 257 shifted (33 vectors): 16 threads of 3 (kExpOnce), 8 of 6 (the others),
+  // where the first count that fits took 32 threads of 2 (64 slots)
+  RowPlan p = plan(33, kExpOnceCounts);
+  EXPECT_EQ(p.per_thread, 3);
+  EXPECT_EQ(p.threads_per_row, 16);
+  EXPECT_EQ(block_rows(p), 8);
+  p = plan(33, kVectorCounts);
+  EXPECT_EQ(p.per_thread, 6);
+  EXPECT_EQ(p.threads_per_row, 8);
+  EXPECT_EQ(plan_rows(33, kExpOnceCounts, true, kFwdWholeWarps, Fill::kLargestCount).per_thread, 2);
+  EXPECT_EQ(plan_rows(33, kExpOnceCounts, true, kFwdWholeWarps, Fill::kLargestCount).threads_per_row, 32);
+  // full groups tie with larger counts and keep the smallest: bf16 sk 64, 128, 512 (8,
+  // 16, 64 vectors; at 8, 4 threads of 2, 2 of 4 and 1 of 8 all leave no slot empty)
+  for (const int64_t units : {8, 16, 64}) {
+    EXPECT_EQ(plan(units, kExpOnceCounts).per_thread, 2) << units;
+    EXPECT_EQ(plan(units, kVectorCounts).per_thread, 2) << units;
+  }
+  // groups of kMinSubWarpThreads and more: bf16 sk 150 shifted (20 vectors) in 4 threads
+  // of 6; sk 40 (5 vectors) keeps 4 threads of 2, not 2 of 3 or 1 of 6
+  p = plan(20, kVectorCounts);
+  EXPECT_EQ(p.per_thread, 6);
+  EXPECT_EQ(p.threads_per_row, 4);
+  p = plan(5, kExpOnceCounts);
+  EXPECT_EQ(p.per_thread, 2);
+  EXPECT_EQ(p.threads_per_row, 4);
+  p = plan(5, kVectorCounts);
+  EXPECT_EQ(p.per_thread, 2);
+  EXPECT_EQ(p.threads_per_row, 4);
 }
 
 TEST(SoftmaxRowPlan, SplitAndLongRows) {

@@ -645,14 +645,17 @@ def test_rows_past_2_31_cuda_large(device):
 
 
 @pytest.mark.parametrize("device", CUDA)
-@pytest.mark.parametrize("sk", [768, 1025, 2304, 12001], ids=lambda s: f"sk{s}")
+@pytest.mark.parametrize("sk", [40, 136, 150, 768, 1025, 2304, 12001], ids=lambda s: f"sk{s}")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("kind", KINDS)
 def test_fwd_bwd_cuda_more_row_lengths(kind, dtype, sk, device, gen):
     """Row lengths between SMALL_SK's and LARGE_SK's, where the row plans
-    (softmax_row_plan.h) give other groups and fills: whole-warp groups of 96, 192 and 384
-    threads and power-of-two ones of 32 to 512, rows that fill the last vector of each
-    thread (768, 2304) and rows shifted to each row's start (1025, 12001)."""
+    (softmax_row_plan.h) give other groups and fills: sub-warp groups of 3 and 6 vectors a
+    thread (16-bit rows: sk 136 and 150 (shifted) in 8 threads of 3 and 4 of 6, sk 40 in 4
+    of 2, the fewest threads for fewer slots; fp32 rows in 4 to 16 threads of 3, 8 of 6),
+    whole-warp groups of 96, 192 and 384 threads and power-of-two ones of 32 to 512, rows
+    that fill the last vector of each thread (768, 2304) and rows shifted to each row's
+    start (1025, 12001)."""
     if kind == "upper_triang" and sk > 4099:
         pytest.skip("[1, sk, sk] at this sk is too big for a unit test")
     check_cuda_bwd(kind, dtype, (1, 2, 3), sk, 0.5, gen)

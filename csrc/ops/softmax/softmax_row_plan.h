@@ -69,7 +69,21 @@ inline int64_t next_pow2(int64_t n) {
 // copy's fraction about as their slots were filled (H200, bf16 shifted rows: sk 2047 59%
 // at 67% filled, 4095 65% at 80%; 5120 90% at 100%); at sk 2047 (257 vectors) 96 threads
 // of 3 run a row trip of 947 instructions each (SASS, bf16, kShifted), of 4 1215.
+// A row that one warp holds (sub-warp groups) takes, by kSmallestInSameThreads, the count
+// whose power-of-two group leaves the fewest slots (threads x count; the smaller count
+// where two tie) in groups of at least kMinSubWarpThreads, where kLargestCount takes the
+// first count that fits: bf16 sk 257 (33 shifted vectors) in 16 threads of 3 (48 slots)
+// rather than 32 of 2 (64), the causal forwards and the backward in 8 threads of 6 (H100,
+// bf16 [8, 16, 256, 257]: every kind 1.4-1.7x faster; sk 136 and 150 in 8 of 3 and 4 of 6,
+// 1.1-1.6x; before store_partial's aligned stores, the shifted rows of 4 and 8 threads
+// lost up to 2.1x to their edges' byte stores).
 enum class Fill { kLargestCount, kSmallestInSameThreads };
+
+// The fewest threads a row group takes for fewer slots (by kSmallestInSameThreads): in 2
+// threads of 3 or 1 of 6 (bf16 sk 40, 5 vectors) a warp's loads and stores spread over 16
+// to 32 rows, and the backward ran 1.6x slower, the causal forward 1.4x, than in 4 of 2
+// (H100).
+constexpr int kMinSubWarpThreads = 4;
 
 // Threads of a group that holds `units` vectors at n a thread: the fewest whole warps
 // up to `whole_warps` threads, beyond it the smallest power of two.
@@ -79,8 +93,8 @@ inline int64_t group_threads(int64_t units, int n, int64_t whole_warps) {
   return in_warps <= whole_warps ? in_warps : next_pow2(threads);
 }
 
-// A row of `units` vectors takes the first per-thread count that fits it into
-// one warp (sub-warp groups for short rows, so no lanes idle; a whole warp with 8
+// A row of `units` vectors takes a per-thread count that fits it into one warp, by
+// `fill` (sub-warp groups for short rows, so no lanes idle; a whole warp with 8
 // vectors a thread at sk = 2048 bf16), else a count by `fill` and as many warps
 // as needed (group_threads), else (`split`: clusters launch here) the largest count
 // on the fewest blocks (up to kMaxRowParts) of at most kMaxThreadsPerRow threads, and
@@ -89,8 +103,20 @@ inline int64_t group_threads(int64_t units, int n, int64_t whole_warps) {
 // the upper-triangular kind ran 15-20% slower than the long-row kernel, H100.)
 template <size_t kCounts>
 RowPlan plan_rows(int64_t units, const int (&counts)[kCounts], bool split, int64_t whole_warps, Fill fill) {
-  for (int n : counts) {
-    if (units <= 32 * int64_t(n)) return {false, n, int(next_pow2((units + n - 1) / n)), 1};
+  if (units <= 32 * int64_t(counts[kCounts - 1])) {  // one warp holds the row
+    RowPlan best{};
+    for (int n : counts) {  // ascending
+      if (units > 32 * int64_t(n)) continue;
+      const RowPlan plan{false, n, int(next_pow2((units + n - 1) / n)), 1};
+      if (best.per_thread == 0) {
+        best = plan;
+        if (fill == Fill::kLargestCount) break;  // the first count that fits
+      } else if (plan.threads_per_row >= kMinSubWarpThreads &&
+                 plan.threads_per_row * n < best.threads_per_row * best.per_thread) {
+        best = plan;
+      }
+    }
+    return best;
   }
   int n = counts[kCounts - 1];
   int64_t group = group_threads(units, n, whole_warps);
