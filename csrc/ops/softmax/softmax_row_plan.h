@@ -22,9 +22,9 @@ constexpr int kLongRowThreads = 512;
 constexpr int kMaxRowParts = 8;
 
 // Vectors per thread in the row kernels, smallest first: a row of `units`
-// vectors takes the first count that fits it in one warp, else the last one (or, by
-// Fill, the smallest that needs no more threads than the last) with as many threads as
-// it needs (see plan_rows).
+// vectors takes the first count that fits it in one warp (or, by Fill, the one of those
+// with the fewest slots), else the last one (or, by Fill, the smallest that needs no
+// more threads than the last) with as many threads as it needs (see plan_rows).
 // kVectorCounts, by Fill (the recomputing forwards: the causal kinds and whole rows past
 // the kExpOnce kernels; the backward): 6 where 8 a thread would fill its warps no more
 // than three quarters (129-192 vectors in one warp, bf16 sk about 1025-1536; 257-384 in
