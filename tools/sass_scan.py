@@ -8,8 +8,9 @@
 Each kernel file is compiled for sm_90a as the build does (nvcc -cubin -O3), disassembled
 with cuobjdump, and every kernel gets a line: its loads and stores by space and width
 (LDG global, LDS shared, LD / ST generic, LDL / STL local: spills or arrays the compiler
-could not keep in registers). What it is for: a vectorized kernel whose 16-byte accesses
-the compiler split into 2-byte ones reads correctly and passes every test, and only its
+could not keep in registers), and the 16-byte vectors it stores as four 32-bit stores
+(split_vector_stores). What it is for: a vectorized kernel whose 16-byte accesses the
+compiler split into 2-byte ones reads correctly and passes every test, and only its
 bandwidth shows it. The thirty-ninth session found act_tile_kernel reading its staged rows
 with 64 LDS.U16 where 8 LDS.128 do (RESULTS.md, activation section). Narrow loads are
 expected in the element-by-element kernels and in the vector kernels' row edges; the
@@ -105,6 +106,31 @@ def kernel_counts(sass: str) -> dict[str, collections.Counter]:
     return kernels
 
 
+# STG.E (32 bits) of a register base and an offset: the pieces of a split vector store.
+WORD_STORE = re.compile(r"\sSTG\.E\s+desc\[\w+\]\[(R\d+)\.64(?:\+0x([0-9a-f]+))?\]")
+
+
+def split_vector_stores(lines: list[str]) -> int:
+    """16-byte vectors stored as four 32-bit stores: runs of STG.E to one base register at
+    offsets o, o + 4, o + 8, o + 12 in any order, o a multiple of 16, no other global store
+    between them. The fifty-second session found the softmax's shifted rows stored so (a
+    struct or uint4 copy beside a branch of element stores; the aligned kernels' same copy
+    was one STG.E.128), with each of the four a write request of its own for the L2."""
+    found, run = 0, []
+    for line in lines:
+        store = WORD_STORE.search(line)
+        if not store:
+            if re.search(r"\sSTG[.\s]", line):
+                run = []  # a store of another width breaks a run
+            continue
+        run = (run + [(store.group(1), int(store.group(2) or "0", 16))])[-4:]
+        offsets = sorted(offset for _, offset in run)  # in any order: the compiler interleaves them
+        if (len(run) == 4 and len({base for base, _ in run}) == 1 and offsets[0] % 16 == 0
+                and offsets == [offsets[0] + 4 * i for i in range(4)]):
+            found, run = found + 1, []
+    return found
+
+
 def demangle(names: list[str]) -> list[str]:
     filt = shutil.which("c++filt")
     if not filt or not names:
@@ -126,14 +152,17 @@ def main() -> None:
     nvcc, cuobjdump, nvdisasm = find_tool("nvcc"), find_tool("cuobjdump"), find_tool("nvdisasm")
     sources = args.sources or sorted(glob.glob(os.path.join(ROOT, "csrc", "ops", "*", "*.cu")))
     for source in sources:
-        kernels = kernel_counts(disassemble(os.path.abspath(source), nvcc, cuobjdump, nvdisasm))
+        sass = disassemble(os.path.abspath(source), nvcc, cuobjdump, nvdisasm)
+        kernels, lines = kernel_counts(sass), kernel_lines(sass)
         names = list(kernels)
         for mangled, readable in zip(names, demangle(names)):
             counts = kernels[mangled]
             if args.kernel not in readable or narrow_loads(counts) < args.narrow:
                 continue
             ops = " ".join(f"{key}:{n}" for key, n in sorted(counts.items()))
-            print(f"{os.path.relpath(source, ROOT)}  {readable[:160]}\n    narrow loads {narrow_loads(counts)}  {ops}")
+            split = split_vector_stores(lines[mangled])
+            print(f"{os.path.relpath(source, ROOT)}  {readable[:160]}\n    narrow loads {narrow_loads(counts)}"
+                  f"{f'  split 16-byte stores {split}' if split else ''}  {ops}")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
-"""The tiled activation / bias-gradient kernels' machine code (SASS), checked without a GPU.
+"""Kernels' machine code (SASS), checked without a GPU: faults no result shows, only the
+bandwidth.
 
 act_tile_kernel stages each thread's eight rows of 16-byte input vectors in shared memory.
 Converted to floats straight from there, the compiler read them 2 bytes at a time (64
-LDS.U16 per input where 8 LDS.128 do), which no result shows, only the bandwidth: 5% of
-dgelu + dbias + cast + transpose on an H200 (benchmarks/RESULTS.md, activation section).
+LDS.U16 per input where 8 LDS.128 do): 5% of dgelu + dbias + cast + transpose on an H200
+(benchmarks/RESULTS.md, activation section). The softmax's rows of odd sk stored their
+whole vectors as four 32-bit stores and their first and last vectors byte by byte: 7-11%
+of the short rows' time on an H100 (RESULTS.md, softmax section, fifty-second session).
 Needs nvcc and cuobjdump / nvdisasm (tools/run_tests.sh installs the latter two from PyPI);
 skips without them.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 
 import pytest
 
@@ -48,3 +52,24 @@ def test_tile_kernels_read_staged_rows_as_16_byte_vectors(source):
         narrow_shared = counts["LDS.U16"] + counts["LDS.S16"] + counts["LDS.U8"] + counts["LDS.S8"]
         assert narrow_shared == 0, f"{name}: {narrow_shared} narrow shared-memory loads ({dict(counts)})"
         assert counts["LDS.128"] >= 8, f"{name}: {counts['LDS.128']} 16-byte shared-memory loads ({dict(counts)})"
+
+
+@pytest.mark.parametrize("source", ["csrc/ops/softmax/softmax_fwd.cu", "csrc/ops/softmax/softmax_bwd.cu"])
+def test_softmax_stores_whole_vectors_and_no_bytes(source):
+    nvcc, cuobjdump, nvdisasm = tools()
+    sass = sass_scan.disassemble(os.path.join(ROOT, source), nvcc, cuobjdump, nvdisasm)
+    kernels, lines = sass_scan.kernel_counts(sass), sass_scan.kernel_lines(sass)
+    rows = [name for name in kernels if "softmax" in name and "rows_kernel" in name]
+    assert len(rows) >= 40, f"{len(rows)} softmax row kernels in {source}"
+    for name in rows:
+        counts = kernels[name]
+        # the outputs are 16- and 32-bit elements: a byte store is an element split in two
+        assert counts["STG.U8"] == 0, f"{name}: {counts['STG.U8']} byte stores ({dict(counts)})"
+        split = sass_scan.split_vector_stores(lines[name])
+        assert split == 0, f"{name}: {split} 16-byte vectors stored as four 32-bit stores"
+        # the kernels of 16-byte vectors (kV of 8 16-bit or 4 fp32 elements, the template's
+        # second argument; kV = 1 goes element by element) store some whole
+        vector = re.search(r"rows_kernelI(?:13__nv_bfloat16|6__half|f)Li(\d+)E", name)
+        assert vector, f"{name}: no element type and kV in the name"
+        if int(vector.group(1)) > 1:
+            assert counts["STG.128"] >= 1, f"{name}: no 16-byte store ({dict(counts)})"
