@@ -79,17 +79,25 @@ __device__ __forceinline__ Packed<T, kV> load_packed(const T* p) {
   return *reinterpret_cast<const Packed<T, kV>*>(p);
 }
 
-// 16- and 8-byte vectors as one vector store each, written out as PTX. As plain C++
-// stores, of the struct or of a uint4, the kShifted kernels' vectors (beside
+// One 16-byte or 8-byte global store of these 32-bit words, written out as PTX. As plain
+// C++ stores, of a Packed struct or of a uint4, the kShifted kernels' vectors (beside
 // store_partial's branch) came out of the compiler as four 32-bit stores each (PTX);
-// __stwb's st.global.wb came out as a strong store (STG.E.128.STRONG.SM, SASS).
+// __stwb's st.global.wb came out as a strong store (STG.E.128.STRONG.SM, SASS). The
+// "memory" clobber keeps the store in order with the other memory accesses, as a plain
+// store is kept (the kernels' SASS the same with it as without).
+__device__ __forceinline__ void store_words(void* p, uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w0), "r"(w1), "r"(w2), "r"(w3) : "memory");
+}
+__device__ __forceinline__ void store_words(void* p, uint32_t w0, uint32_t w1) {
+  asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(p), "r"(w0), "r"(w1) : "memory");
+}
+
 template <class T, int kV>
 __device__ __forceinline__ void store_packed(T* p, const Packed<T, kV>& v) {
   if constexpr (Packed<T, kV>::kBytes == 16) {
-    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]),
-                 "r"(v.w[3]));
+    store_words(p, v.w[0], v.w[1], v.w[2], v.w[3]);
   } else if constexpr (Packed<T, kV>::kBytes == 8) {
-    asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(p), "r"(v.w[0]), "r"(v.w[1]));
+    store_words(p, v.w[0], v.w[1]);
   } else {
     *reinterpret_cast<Packed<T, kV>*>(p) = v;
   }
@@ -145,7 +153,7 @@ __device__ __forceinline__ uint32_t word_at(const Packed<T, kV>& v, int i) {
 // to 16 stores, each a write request of its own for the L2 where a warp's stores reached
 // many rows (ncu, H100, bf16 [8, 16, 512, 150]: the causal forward in groups of 4 threads
 // 3.4 M requests, 52 a row, against 0.8 M in groups of 16). With the whole vectors'
-// stores above, the shifted short rows ran 8-11% faster (H100, bf16 sk 150 and 257).
+// stores above, the shifted short rows ran 7-11% faster (H100, bf16 sk 150 and 257).
 // A row that starts and ends inside one vector (sk < kV) goes element by element.
 template <class T, int kV>
 __device__ __forceinline__ void store_partial(T* p, const Packed<T, kV>& v, int lo, int hi) {
@@ -163,10 +171,10 @@ __device__ __forceinline__ void store_partial(T* p, const Packed<T, kV>& v, int 
       *reinterpret_cast<uint32_t*>(bytes + at) = word_at(v, at / 4);
       at += 4;
     }
-    if (at == 8) asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(bytes + 8), "r"(v.w[2]), "r"(v.w[3]));
+    if (at == 8) store_words(bytes + 8, v.w[2], v.w[3]);
   } else {  // bytes [0, n): the last vector's head, the row's end
     const int n = hi * int(sizeof(T));
-    if (n & 8) asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(bytes), "r"(v.w[0]), "r"(v.w[1]));
+    if (n & 8) store_words(bytes, v.w[0], v.w[1]);
     if (n & 4) *reinterpret_cast<uint32_t*>(bytes + (n & 8)) = word_at(v, (n & 8) / 4);
     if (sizeof(T) == 2 && (n & 2)) {
       *reinterpret_cast<uint16_t*>(bytes + (n & 12)) = uint16_t(word_at(v, (n & 12) / 4));
