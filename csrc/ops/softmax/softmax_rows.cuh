@@ -94,11 +94,9 @@ __device__ __forceinline__ void store_words(void* p, uint32_t w0, uint32_t w1) {
 
 template <class T, int kV>
 __device__ __forceinline__ void store_packed(T* p, const Packed<T, kV>& v) {
-  if constexpr (Packed<T, kV>::kBytes == 16) {
+  if constexpr (Packed<T, kV>::kBytes == 16) {  // the vector kernels' (kV = 16 / sizeof(T))
     store_words(p, v.w[0], v.w[1], v.w[2], v.w[3]);
-  } else if constexpr (Packed<T, kV>::kBytes == 8) {
-    store_words(p, v.w[0], v.w[1]);
-  } else {
+  } else {  // one element (kV = 1)
     *reinterpret_cast<Packed<T, kV>*>(p) = v;
   }
 }
