@@ -4,7 +4,10 @@
 // ids, shared memory within an SM's), and a GPU run only meets the sizes it tests.
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "ops/norm/norm_launch.h"
+#include "ops/norm/norm_trailing.h"
 
 namespace {
 
@@ -167,15 +170,22 @@ TEST(NormRowShape, TiledForward) {
                                            : opente::kNormFwdStagedFp32MaxHidden;
             const bool staged = !short_shared && !wide_shared && rowwise && hidden >= opente::kNormFwdStagedMinHidden &&
                                 hidden <= staged_max && hidden % 8 == 0;
-            ASSERT_EQ(tile.taken(), short_shared || wide_shared || staged);
+            // 16-bit rows with a row-wise copy where the trailing tiles were timed faster: RMSNorm's
+            // past its shared tile but for 10241-12288, LayerNorm's from 12289
+            const bool trailing_hidden = type == NormType::kRMSNorm ? hidden > 7168 && (hidden <= 10240 || hidden > 12288)
+                                                                    : hidden > 12288;
+            const bool trailing = !short_shared && !wide_shared && !staged && rowwise && !fp32 && hidden % 8 == 0 &&
+                                  trailing_hidden && hidden <= opente::kNormFwdMaxRegisterHidden;
+            ASSERT_EQ(tile.taken(), short_shared || wide_shared || staged || trailing);
             if (!tile.taken()) continue;
-            EXPECT_EQ(tile.tile, staged ? NormTile::kRowwiseCopy : NormTile::kShared);
+            EXPECT_EQ(tile.tile, trailing ? NormTile::kTrailing : staged ? NormTile::kRowwiseCopy : NormTile::kShared);
             // the forward's row groups (same chunks and lanes), more of them a block: up to
             // 1024 threads for the 16-bit rows of the hidden sizes past 1024 (the kernel's
             // __launch_bounds__, kNormFwdBlockBound)
-            const int max_threads = small_shared                ? opente::kNormFwdSmallMaxThreads
-                                    : !short_shared && !fp32 ? opente::kNormFwdStagedMaxBlockThreads
-                                                             : opente::kNormMaxBlockThreads;
+            // (the trailing tiles: the row kernel's blocks of up to 512, two an SM)
+            const int max_threads = small_shared                            ? opente::kNormFwdSmallMaxThreads
+                                    : !short_shared && !fp32 && !trailing ? opente::kNormFwdStagedMaxBlockThreads
+                                                                         : opente::kNormMaxBlockThreads;
             check_shape(tile.rows, hidden, "tiled forward", max_threads);
             // the row kernel's shape for the same call (16-bit rows with an FP8 y take the
             // extra chunk counts: three where they fill more lanes, 5-6 on a warp at 1025-1536)
@@ -184,6 +194,8 @@ TEST(NormRowShape, TiledForward) {
             // row groups (the same sums), kNormFwdChunks above, 5 or 6 for 16-bit warp rows
             const bool warp_rows = !fp32 && hidden >= opente::kNormFwdWarpRowMinHidden &&
                                    hidden <= opente::kNormFwdWarpRowMaxHidden;
+            // launch_norm_fwd_tiled has the trailing tiles' kernels of four chunks alone, kWide
+            if (trailing) EXPECT_EQ(tile.rows.chunks, opente::kNormFwdChunks);
             EXPECT_EQ(tile.rows.chunks, small_shared    ? (hidden == 384 ? opente::kNormFwdSmallOddChunks
                                                                          : opente::kNormFwdSmallChunks)
                                         : warp_rows ? opente::norm_fwd_warp_row_chunks(hidden)
@@ -255,8 +267,16 @@ TEST(NormRowShape, TiledForward) {
   EXPECT_EQ(shape(5248, true, 8, false).tile, NormTile::kShared);
   EXPECT_EQ(shape(6144, false, 65536, false).tile, NormTile::kShared);
   EXPECT_EQ(shape(7168, true, 8, false).smem_bytes(), size_t(224 * 1024));
-  EXPECT_FALSE(shape(7296, true, 8, false).taken());
+  EXPECT_FALSE(shape(7296, true, 8, false).taken());  // LayerNorm's trailing tiles from 12289
+  EXPECT_EQ(shape(12296, true, 8, false).tile, NormTile::kTrailing);
+  EXPECT_FALSE(shape(12296, false, 8, false).taken());  // the trailing tiles need the row-wise copy
   EXPECT_FALSE(shape(6144, true, 65536, true).taken());  // fp32 rows
+  EXPECT_FALSE(shape(16384, true, 8, true).taken());
+  // 16-bit hidden 16384 and 8192: the row kernel's blocks, one row of 16 warps, two of 8
+  EXPECT_EQ(shape(16384, true, 8, false).rows.block_threads(), 512);
+  EXPECT_EQ(shape(16384, true, 8, false).rows.rows_per_block, 1);
+  EXPECT_EQ(shape(8192, true, 8, false, NormType::kRMSNorm).rows.rows_per_block, 2);
+  EXPECT_FALSE(shape(16392, true, 8, false).taken());  // past the register rows
   // fp32 hidden 4096: the two passes below 16384 rows, the tile from the row-wise copy from there
   EXPECT_FALSE(shape(4096, true, 8192, true).taken());
   EXPECT_EQ(shape(4096, true, 16384, true).rows.block_threads(), 512);
@@ -270,13 +290,77 @@ TEST(NormRowShape, TiledForward) {
   EXPECT_EQ(shape(3072, true, 8, false, NormType::kRMSNorm).tile, NormTile::kShared);
   EXPECT_EQ(shape(2560, true, 8, false, NormType::kRMSNorm).tile, NormTile::kRowwiseCopy);
   EXPECT_EQ(shape(4104, true, 8, false, NormType::kRMSNorm).tile, NormTile::kRowwiseCopy);  // not a multiple of 128
-  EXPECT_FALSE(shape(8192, true, 8, false, NormType::kRMSNorm).taken());
+  EXPECT_EQ(shape(8192, true, 8, false, NormType::kRMSNorm).tile, NormTile::kTrailing);
+  EXPECT_EQ(shape(7176, true, 8, false, NormType::kRMSNorm).tile, NormTile::kTrailing);
+  EXPECT_FALSE(shape(12288, true, 8, false, NormType::kRMSNorm).taken());  // the row kernel's three blocks an SM
+  EXPECT_EQ(shape(12296, true, 8, false, NormType::kRMSNorm).tile, NormTile::kTrailing);
   EXPECT_FALSE(shape(4096, true, 16384, true, NormType::kRMSNorm).tile == NormTile::kShared);  // fp32 rows
   constexpr size_t kA100Smem = 163 * 1024;
   EXPECT_EQ(shape(5120, true, 8, false, NormType::kRMSNorm, kA100Smem).tile, NormTile::kShared);
   EXPECT_EQ(shape(5120, false, 8, false, NormType::kRMSNorm, kA100Smem).tile, NormTile::kShared);
   EXPECT_FALSE(shape(6144, true, 8, false, NormType::kRMSNorm, kA100Smem).taken());
   EXPECT_FALSE(shape(5248, true, 8, false, NormType::kLayerNorm, kA100Smem).taken());
+}
+
+// The trailing tiles' schedule (norm_trailing.h), for every row count to a few tiles past
+// the lag and the shapes the forward launches: the tickets' shares transpose every unit of
+// every tile once, a share waits only for row groups of smaller tickets (so for blocks that
+// hold their tickets already), and a tile's counter reaches what the share waits for.
+TEST(NormRowShape, TrailingSchedule) {
+  for (const int rows_per_block : {1, 2, 4, 8}) {
+    const int parts = opente::kNormFwdTrailingTileRows / rows_per_block;
+    for (const int64_t hidden : {int64_t(1032), int64_t(16384)}) {  // 516 and 8192 units a tile
+      for (const int64_t grid : {int64_t(1), int64_t(3), int64_t(264)}) {
+        if (hidden > 1032 && grid > 3) continue;  // (the units to count: a few seconds more)
+        const int64_t lag = opente::norm_trailing_lag(grid, rows_per_block, opente::kNormFwdTrailingTileRows);
+        EXPECT_GE(lag, parts);
+        for (int64_t rows = 8; rows <= 8 * lag + 200; rows += rows < 200 ? 8 : 1000) {
+          SCOPED_TRACE(testing::Message() << rows << " x " << hidden << ", " << rows_per_block << " rows a block, lag "
+                                          << lag);
+          const opente::NormTrailingSchedule schedule{rows, hidden, rows_per_block, opente::kNormFwdTrailingTileRows,
+                                                      lag};
+          ASSERT_EQ(schedule.tickets(), schedule.row_groups() + lag);
+          // every tile's rows, counted by its row groups, and the groups' ticket at most
+          std::vector<int64_t> written(size_t(schedule.tiles()), 0), last_group(size_t(schedule.tiles()), -1);
+          for (int64_t group = 0; group < schedule.row_groups(); ++group) {
+            const int64_t tile = group * rows_per_block / opente::kNormFwdTrailingTileRows;
+            ASSERT_LT(tile, schedule.tiles());
+            // a row group lies in one tile
+            ASSERT_EQ((group * rows_per_block + schedule.rows_of_group(group) - 1) / opente::kNormFwdTrailingTileRows,
+                      tile);
+            written[size_t(tile)] += schedule.rows_of_group(group);
+            last_group[size_t(tile)] = group;
+          }
+          int64_t all_rows = 0;
+          for (int64_t tile = 0; tile < schedule.tiles(); ++tile) {
+            ASSERT_EQ(written[size_t(tile)], schedule.rows_of_tile(tile)) << "tile " << tile;
+            all_rows += written[size_t(tile)];
+          }
+          ASSERT_EQ(all_rows, rows);
+          // the shares: each unit of each tile once, from a ticket past every row group of the tile
+          std::vector<int> covered(size_t(schedule.tiles() * schedule.units_per_tile()), 0);
+          for (int64_t ticket = 0; ticket < schedule.tickets(); ++ticket) {
+            const opente::NormTrailingShare share = schedule.share(ticket);
+            if (ticket < lag) {
+              ASSERT_EQ(share.tile, -1) << "ticket " << ticket;
+              continue;
+            }
+            ASSERT_GE(share.tile, 0) << "ticket " << ticket;
+            ASSERT_LT(last_group[size_t(share.tile)], ticket) << "ticket " << ticket;
+            ASSERT_LE(share.unit_begin, share.unit_end);
+            ASSERT_LE(share.unit_end, schedule.units_per_tile());
+            for (int64_t unit = share.unit_begin; unit < share.unit_end; ++unit) {
+              ++covered[size_t(share.tile * schedule.units_per_tile() + unit)];
+            }
+          }
+          for (size_t unit = 0; unit < covered.size(); ++unit) ASSERT_EQ(covered[unit], 1) << "unit " << unit;
+        }
+      }
+    }
+  }
+  // the counters' bytes: the ticket and one a tile
+  EXPECT_EQ(opente::norm_trailing_counter_bytes(8, 32), 2 * sizeof(unsigned));
+  EXPECT_EQ(opente::norm_trailing_counter_bytes(4104, 32), (1 + 129) * sizeof(unsigned));
 }
 
 TEST(NormRowShape, BackwardBuckets) {

@@ -1144,19 +1144,25 @@ def test_fwd_fp8_both_copies_cuda_back_to_back(norm, hidden, device, gen):
 # row-wise copy: 1032 (a warp a row, its fifth chunk nearly idle), 1152, 1288 and 1536 (a
 # warp a row, 5, 6 and 6 chunks a thread, 16 rows a block), 2048, 2560 (three-warp
 # rows), 4136 x 2056 (130 tiles, the last a partial one), 34000 x 1152 (blocks stride over
-# tiles), 40 x 3072 (fp32: the two passes), 16392 x 4096 (1024-thread blocks; fp32 from
-# 16384 rows), 40 x 4104 and 40 x 5120 (five-warp rows, four a block). 16-bit rows of
+# tiles), 16392 x 4096 (1024-thread blocks; fp32 from 16384 rows), 40 x 4104 and 40 x 5120
+# (five-warp rows, four a block), 40 x 3072 (fp32: the two passes). 16-bit rows of
 # multiples of 128 keep their 32-row tile in shared memory, RMSNorm's from 3072 to 7168:
 # 40 x 3072, 40 x 3200, 16904 x 4096, 40 x 5120, where LayerNorm reads back from the
 # row-wise copy; both norms' at 40 x 5248 (LayerNorm's first), 40 x 6144 and 40 x 7168
-# (seven-warp rows, 224 KiB of tile). 36 x 1024, 64 x 1000, 40 x 896, 36 x 2048, 40 x 7296
-# and 72 x 12296 are shapes both norms leave to the two passes (the C++ test TiledForward
+# (seven-warp rows, 224 KiB of tile). 16-bit rows take the trailing tiles (tiles transposed
+# by later tickets, norm_trailing.h; not on a device whose memory outruns its SMs, an H200)
+# RMSNorm's past 7168 but for 10241-12288, LayerNorm's from 12289: 40 x 7296 (RMSNorm) and
+# 72 x 12296, where every share is transposed after the last row (rows fewer than the lag),
+# and 4104 x 8192 and 2056 x 9216 (RMSNorm; two rows a block and a partial last tile, one
+# row of nine warps) and 2056 x 16384, where the shares trail the rows by the lag (two
+# waves). 36 x 1024, 64 x 1000, 40 x 896, 36 x 2048, fp32 rows past 2560 below 16384 rows
+# and LayerNorm's 16-bit 7296 to 9216 are left to the two passes (the C++ test TiledForward
 # checks the rule at every hidden size).
 TILED_SHAPES = [(8, 128), (264, 256), (40, 384), (4104, 384), (72, 512), (4104, 512), (70000, 256), (40, 200),
                 (40, 64), (8, 768), (72, 768), (200, 1024), (4104, 1024), (70000, 768), (36, 1024), (64, 1000),
                 (40, 896), (40, 1032), (8, 1152), (72, 1288), (264, 1536), (264, 2048), (40, 2560), (4136, 2056),
                 (34000, 1152), (36, 2048), (40, 3072), (40, 3200), (16904, 4096), (40, 4104), (40, 5120), (40, 5248),
-                (40, 6144), (40, 7168), (40, 7296), (72, 12296)]
+                (40, 6144), (40, 7168), (40, 7296), (72, 12296), (4104, 8192), (2056, 9216), (2056, 16384)]
 
 
 def run_fwd_fp8_both_ways(norm, x, w, b, fp8_dtype, device):
@@ -1194,12 +1200,12 @@ def test_fwd_fp8_both_copies_tiled_cuda(norm, x_dtype, shape, fp8_dtype, device,
 
 
 @pytest.mark.parametrize("device", CUDA)
-@pytest.mark.parametrize("shape", [(72, 384), (72, 512), (72, 768), (72, 1152), (40, 2048), (40, 4096), (40, 6144)],
-                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(72, 384), (72, 512), (72, 768), (72, 1152), (40, 2048), (40, 4096), (40, 6144),
+                                   (1160, 12296)], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_fp8_both_copies_tiled_hard_rows_cuda(norm, shape, device, gen):
     """Rows of the tiled kernels (both tiles in shared memory, the tile from the row-wise
-    copy) that alternate an outlier in column 0 (LayerNorm's row groups that sum the
+    copy, the trailing tiles) that alternate an outlier in column 0 (LayerNorm's row groups that sum the
     squares again) with rows of a large offset (those that do not) in one block: the
     same bytes and statistics as the row-wise call."""
     rows, hidden = shape
@@ -1209,6 +1215,36 @@ def test_fwd_fp8_both_copies_tiled_hard_rows_cuda(norm, shape, device, gen):
         norm, x.to(device), w.to(device), b.to(device), E4M3, device)
     assert torch.equal(both._data, row._data) and torch.equal(both._transpose, row._data.t())
     assert torch.equal(rs1, rs0) and (mu0 is None or torch.equal(mu1, mu0)) and torch.equal(amax1, amax0)
+
+
+@pytest.mark.filterwarnings("ignore:Warning. Profiler clears events")
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("shape", [(2056, 16384), (4104, 8192), (40, 7296), (72, 12288)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd_fp8_both_copies_trailing_one_kernel_cuda(norm, shape, device, gen):
+    """Both FP8 copies of 16-bit rows the trailing tiles take (RMSNorm's past 7168 but for
+    10241-12288, LayerNorm's from 12289) in one kernel, theirs (NormTile 3, norm_trailing.h),
+    after the zeroing of its counters, with no transpose kernel after it; the others (and
+    all on a device whose memory outruns its SMs, an H200: not timed there) the row kernel,
+    then the transpose. (The bytes: test_fwd_fp8_both_copies_tiled_cuda.)"""
+    # (test_norm_device_forms imports this module: imported here, once both are loaded)
+    from test_norm_device_forms import H200_FORMS_MIN_GB_PER_S_PER_SM, cuda_kernel_names, dram_gb_per_s_per_sm
+
+    rows, hidden = shape
+    figure = dram_gb_per_s_per_sm(device)  # OPENTE_DRAM_GB_PER_S_PER_SM's where set
+    if figure is None:
+        pytest.skip("torch reports no memory clock for this device")
+    trailing_hidden = hidden > 12288 if norm == "layernorm" else hidden > 7168 and (hidden <= 10240 or hidden > 12288)
+    expected = trailing_hidden and figure < H200_FORMS_MIN_GB_PER_S_PER_SM
+    x, w, b = (t.to(device) for t in make_inputs((rows,), hidden, torch.bfloat16, torch.float32, False, gen))
+    scale = torch.tensor([2.0], device=device)
+    names = cuda_kernel_names(lambda: run_fwd(norm, x, w, b, 1e-5, False, fp8_dtype=E4M3, scale=scale,
+                                              columnwise=True))
+    norm_kernels = [n for n in names if "norm_fwd" in n]
+    assert len(norm_kernels) == 1 and "norm_fwd_rows_kernel" in norm_kernels[0], names
+    assert ("NormTile)3" in norm_kernels[0]) == expected, names
+    assert any("transpose" in n for n in names) == (not expected), names
 
 
 @pytest.mark.parametrize("device", CUDA)
@@ -1223,7 +1259,8 @@ def test_fwd_fp8_pipelined_rows_cuda(norm, x_dtype, hidden, rows, fp8_dtype, har
     device of 32 GB/s DRAM bandwidth an SM (an H200; an H100 runs the row kernel both times,
     but the pipelined one under test_norm_device_forms.py's figure): its y, statistics, amax
     and scale_inv equal, bit for bit, those of the row kernel, which writes the row-wise
-    copy of a call of both copies here (then transposed). 3 rows: fewer than the blocks;
+    copy of a call of both copies with 3 rows (then transposed), and the trailing tiles'
+    kernel, the row kernel's row groups, that of 200 and 1000. 3 rows: fewer than the blocks;
     1000: blocks take several rows, each staged while the one before it is worked on; hard
     rows alternate an outlier in column 0 with rows of a large offset."""
     x, w, b = make_inputs((rows,), hidden, x_dtype, torch.float32, True, gen)

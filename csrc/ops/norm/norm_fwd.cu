@@ -57,9 +57,10 @@ void norm_fwd_in_rows(const NormFwdParams& p, int device, void* stream, bool pip
 
 }  // namespace
 
-void norm_fwd_cuda(const NormFwdParams& p, int device, void* /*workspace*/, size_t /*workspace_size*/, void* stream) {
-  if (norm_fwd_tiled_takes(p, device)) {  // both FP8 copies in one pass where the shape allows
-    norm_fwd_tiled_cuda(p, device, stream);
+void norm_fwd_cuda(const NormFwdParams& p, int device, void* workspace, size_t workspace_size, void* stream) {
+  // both FP8 copies in one pass where the shape allows
+  if (norm_fwd_tiled_takes(p, device, workspace, workspace_size)) {
+    norm_fwd_tiled_cuda(p, device, workspace, stream);
     return;
   }
   if (p.output_t && p.output) {

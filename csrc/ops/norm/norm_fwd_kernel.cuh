@@ -20,7 +20,9 @@
 // row-wise copy and (NormTile::kShared) to the tile in shared memory, and behind a
 // barrier the block writes the tile's transpose (store_tile_transposed), from shared
 // memory (tile_slot) or (NormTile::kRowwiseCopy) from the row-wise copy it has just
-// written, still in the L2.
+// written, still in the L2. The trailing form (NormTile::kTrailing, norm_trailing.h) takes
+// row groups by ticket instead, and each ticket also transposes a share of a tile that
+// earlier tickets wrote.
 //
 // Statistics (LayerNorm): one reduction of a pair, the sums of d = x - pivot and
 // of d^2, where the pivot is the mean of the row's first 8 elements (a shuffle from
@@ -67,6 +69,7 @@
 #include "common/dtype.h"
 #include "ops/norm/norm_kernels_common.cuh"
 #include "ops/norm/norm_launch.h"
+#include "ops/norm/norm_trailing.h"
 #include "ops/quantize/cast_transpose.cuh"
 
 namespace opente {
@@ -116,6 +119,25 @@ __device__ __forceinline__ int tile_slot(int r, int slot, int slots, int tile_ro
   return r * slots + (slot ^ ((r / 8) * (128 / tile_rows) % 16));
 }
 
+// One 8x8 byte block to out_t [hidden, rows]: rows [r0, r0 + 8) of 8-byte slot `slot`
+// (load_row(k): row r0 + k's 8 bytes), transposed with byte permutes (cast_transpose.cuh),
+// each column's 8 bytes one store.
+template <class LoadRow>
+__device__ __forceinline__ void store_block_transposed(LoadRow load_row, uint8_t* out_t, int64_t r0, int slot,
+                                                       int64_t rows) {
+  uint32_t lo[8], hi[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const uint2 v = load_row(k);
+    lo[k] = v.x;
+    hi[k] = v.y;
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    *reinterpret_cast<uint2*>(out_t + int64_t(slot * 8 + j) * rows + r0) = byte_block_column(lo, hi, j);
+  }
+}
+
 // The tile's transpose to out_t [hidden, rows] at row tile_first: each thread takes 8x8
 // byte blocks (8 rows of one 8-byte slot, from load_slot(row in the tile, slot)),
 // transposes them with byte permutes (cast_transpose.cuh) and stores each column's 8
@@ -132,31 +154,25 @@ __device__ __forceinline__ void store_tile_transposed(LoadSlot load_slot, uint8_
     const int row_block = b % row_blocks, slot = b / row_blocks;
     const int64_t r0 = tile_first + row_block * 8;
     if (r0 >= rows) continue;
-    uint32_t lo[8], hi[8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const uint2 v = load_slot(row_block * 8 + k, slot);
-      lo[k] = v.x;
-      hi[k] = v.y;
-    }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      *reinterpret_cast<uint2*>(out_t + int64_t(slot * 8 + j) * rows + r0) = byte_block_column(lo, hi, j);
-    }
+    store_block_transposed([&](int k) { return load_slot(row_block * 8 + k, slot); }, out_t, r0, slot, rows);
   }
 }
 
 // Threads a block of the kernel may have: the hidden <= 512 bucket (kImmediates, every dtype;
-// tiled or not) kNormFwdSmallMaxThreads; the other tiled forms take 16-bit rows in blocks of
-// up to kNormFwdStagedMaxBlockThreads (one an SM, norm_row_shape.cpp; the shared tile of
-// hidden 768 / 1024 launches 512, two an SM, under the same 64 registers); the row kernel's
-// compact form kNormFwdCompactMaxThreads; the rest (and fp32 tiles) blocks of up to
-// kNormMaxBlockThreads (two an SM for 16-bit rows).
+// tiled or not) kNormFwdSmallMaxThreads; the other tiles a block (kShared, kRowwiseCopy) take
+// 16-bit rows in blocks of up to kNormFwdStagedMaxBlockThreads (one an SM,
+// norm_row_shape.cpp; the shared tile of hidden 768 / 1024 launches 512, two an SM, under the
+// same 64 registers); the row kernel's compact form kNormFwdCompactMaxThreads; the rest (the
+// trailing tiles and fp32 tiles too) blocks of up to kNormMaxBlockThreads (two an SM for
+// 16-bit rows).
+template <NormTile kTile>
+constexpr bool kNormFwdTileABlock = kTile == NormTile::kShared || kTile == NormTile::kRowwiseCopy;
 template <NormTile kTile, te_dtype kIn, NormRowForm kForm>
-constexpr int kNormFwdBlockBound = kForm == NormRowForm::kImmediates                  ? kNormFwdSmallMaxThreads
-                                   : kTile != NormTile::kNone && kIn != TE_DTYPE_FLOAT32 ? kNormFwdStagedMaxBlockThreads
-                                   : kForm == NormRowForm::kCompact                     ? kNormFwdCompactMaxThreads
-                                                                                        : kNormMaxBlockThreads;
+constexpr int kNormFwdBlockBound =
+    kForm == NormRowForm::kImmediates                          ? kNormFwdSmallMaxThreads
+    : kNormFwdTileABlock<kTile> && kIn != TE_DTYPE_FLOAT32 ? kNormFwdStagedMaxBlockThreads
+    : kForm == NormRowForm::kCompact                          ? kNormFwdCompactMaxThreads
+                                                              : kNormMaxBlockThreads;
 // The blocks an SM __launch_bounds__ asks for: 16-bit vectorized rows kNormFwdWideMinBlocks
 // blocks of kNormMaxBlockThreads' registers (64), the compact form kNormFwdCompactMinBlocks
 // (56), the small bucket kNormFwdSmallMinBlocks (48), LayerNorm's three-chunk rows there
@@ -192,7 +208,8 @@ template <te_dtype kIn, te_dtype kOut, int kChunks, bool kLayerNorm, bool kVecto
           NormTile kTile = NormTile::kNone, NormRowForm kForm = NormRowForm::kWide>
 __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
                                   kNormFwdMinBlocks<kTile, kIn, kVectorized, kForm, kChunks, kLayerNorm>)
-    norm_fwd_rows_kernel(NormFwdParams p, int threads_per_row, int rows_per_block, int tile_rows, float inv_hidden) {
+    norm_fwd_rows_kernel(NormFwdParams p, int threads_per_row, int rows_per_block, int tile_rows, float inv_hidden,
+                         NormTrailingArgs trailing) {
   constexpr int kMaxWarps = kNormFwdBlockBound<kTile, kIn, kForm> / 32;  // the block's warps at most
   using In = typename CudaType<kIn>::type;
   constexpr bool kMaybeFp8 = !kVectorized || kIsFp8<kOut>;
@@ -237,12 +254,14 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
   // Normalizes the block's row groups from row `first` on. Every warp of the block
   // calls it the same number of times, so every warp joins every shuffle; a group past
   // the last row computes on zeros and writes nothing. tile_first: the tile's first
-  // row (kTiled).
-  auto normalize_rows = [&](int64_t first, [[maybe_unused]] int64_t tile_first) {
+  // row (kTiled). while_loading: work for the time the row's loads are in flight (the
+  // trailing tiles' transposes), called by every thread.
+  auto normalize_rows = [&](int64_t first, [[maybe_unused]] int64_t tile_first, auto while_loading) {
     const int64_t r = first + group.index;
     const bool active = r < p.rows;
     RowShare<In, kChunks, kVectorized> x;
     x.template load</*kEvictFirst=*/true>(static_cast<const In*>(p.input) + r * p.hidden, group, active ? hidden : 0);
+    while_loading();
 
     float mu = 0.0f, variance;  // RMSNorm: no centering, the mean square
     if constexpr (kLayerNorm) {
@@ -370,7 +389,8 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
           const uint2 bytes = fp8_chunk<kOut>(y);
           if (p.output) *reinterpret_cast<uint2*>(static_cast<uint8_t*>(p.output) + r * p.hidden + col) = bytes;
           transpose_tile[tile_slot(int(r - tile_first), col / kChunk, hidden / kChunk, tile_rows)] = bytes;
-        } else if constexpr (kTile == NormTile::kRowwiseCopy) {  // the row-wise copy, read back below
+        } else if constexpr (kTile == NormTile::kRowwiseCopy || kTile == NormTile::kTrailing) {
+          // the row-wise copy, read back below (kTrailing: by a later ticket)
           *reinterpret_cast<uint2*>(static_cast<uint8_t*>(p.output) + r * p.hidden + col) = fp8_chunk<kOut>(y);
         } else {
           store_y<kVectorized, kOut>(p, r, col, hidden, fp8, y);
@@ -383,7 +403,61 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
       write_y(RuntimeWeights(p.gamma, p.beta, p.w_dtype, p.zero_centered_gamma));
     }
   };
-  if constexpr (kTiled) {
+  if constexpr (kTile == NormTile::kTrailing) {
+    // Row groups by ticket, each ticket also a share of an earlier tile's transpose
+    // (norm_trailing.h), written while the ticket's row loads are in flight (between the
+    // rows, the block's transposes would leave its DRAM loads idle). The next ticket is
+    // taken a turn ahead, so that the atomic's latency passes under this turn's row.
+    const NormTrailingSchedule schedule{p.rows, p.hidden, rows_per_block, tile_rows, trailing.lag};
+    unsigned* const next_ticket = trailing.counters;
+    unsigned* const tile_rows_written = trailing.counters + 1;
+    __shared__ unsigned tickets[2];  // this turn's and the next's
+    if (threadIdx.x == 0) tickets[0] = atomicAdd(next_ticket, 1u);
+    __syncthreads();
+    const int64_t row_groups = trailing.row_groups, tickets_end = trailing.tickets;
+    const uint8_t* const rowwise = static_cast<const uint8_t*>(p.output);
+    uint8_t* const out_t = static_cast<uint8_t*>(p.output_t);
+    const int row_blocks = schedule.row_blocks();
+    // A slot is written (by thread 0, a turn after it was read) behind the barriers that
+    // end the turn its previous ticket was read in, and read behind the barrier that ends
+    // the turn it was written in.
+    for (int turn = 0;; turn ^= 1) {
+      const int64_t ticket = tickets[turn];
+      if (ticket >= tickets_end) break;
+      if (threadIdx.x == 0) tickets[turn ^ 1] = atomicAdd(next_ticket, 1u);
+      const NormTrailingShare share = schedule.share(ticket);
+      // the share's tile whole: its row groups' tickets are older by the lag (two waves),
+      // so thread 0 seldom waits; the others wait for it at the barrier below
+      // (wait_until_at_least says why that suffices)
+      if (threadIdx.x == 0 && share.tile >= 0) {
+        wait_until_at_least(tile_rows_written + share.tile, unsigned(schedule.rows_of_tile(share.tile)));
+      }
+      auto transpose_share = [&] {
+        __syncthreads();
+        if (share.tile < 0) return;  // the first `lag` tickets: nothing to transpose yet
+        const int64_t tile_first = share.tile * tile_rows;
+        for (int64_t unit = share.unit_begin + threadIdx.x; unit < share.unit_end; unit += blockDim.x) {
+          const int row_block = int(unit % row_blocks), slot = int(unit / row_blocks);
+          const int64_t r0 = tile_first + row_block * 8;
+          if (r0 >= p.rows) continue;
+          // from the L2 (.cg): bytes another block wrote, never in this SM's L1
+          const uint8_t* block = rowwise + r0 * p.hidden + slot * kChunk;
+          store_block_transposed(
+              [&](int k) { return __ldcg(reinterpret_cast<const uint2*>(block + int64_t(k) * p.hidden)); }, out_t,
+              r0, slot, p.rows);
+        }
+      };
+      if (ticket < row_groups) {
+        normalize_rows(ticket * rows_per_block, 0, transpose_share);
+      } else {
+        transpose_share();  // past the last row group: the shares of the last `lag` alone
+      }
+      __syncthreads();  // the row group's row-wise bytes written, by every thread of the block
+      if (threadIdx.x == 0 && ticket < row_groups) {
+        release_add(tile_rows_written + ticket * rows_per_block / tile_rows, unsigned(schedule.rows_of_group(ticket)));
+      }
+    }
+  } else if constexpr (kTiled) {
     // A tile's rows, then (behind a barrier, which also makes the block's global writes
     // visible to the whole block) its transpose. A shared tile needs a second barrier, so
     // that the next tile's rows do not overwrite slots still being read; rows staged in
@@ -392,7 +466,7 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
     uint8_t* out_t = static_cast<uint8_t*>(p.output_t);
     for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
       const int64_t tile_first = tile * tile_rows;
-      for (int sub = 0; sub < tile_rows; sub += rows_per_block) normalize_rows(tile_first + sub, tile_first);
+      for (int sub = 0; sub < tile_rows; sub += rows_per_block) normalize_rows(tile_first + sub, tile_first, [] {});
       __syncthreads();
       if constexpr (kTile == NormTile::kShared) {
         const int slots = hidden / kChunk;
@@ -411,7 +485,7 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
   } else {
     for (int64_t first = int64_t(blockIdx.x) * rows_per_block; first < p.rows;
          first += int64_t(gridDim.x) * rows_per_block) {
-      normalize_rows(first, 0);
+      normalize_rows(first, 0, [] {});
     }
   }
 

@@ -41,7 +41,7 @@ void launch_norm_fwd_rows(const NormFwdParams& p, const NormRowShape& shape, int
       grid = std::max<int64_t>(1, std::min(grid, (row_groups + 1) / 2));
     }
     kernel<<<unsigned(grid), unsigned(shape.block_threads()), 0, as_stream(stream)>>>(
-        p, shape.threads_per_row, shape.rows_per_block, 0, 1.0f / float(p.hidden));
+        p, shape.threads_per_row, shape.rows_per_block, 0, 1.0f / float(p.hidden), NormTrailingArgs{});
     check_launch("norm_fwd_rows_kernel");
   };
   // the one switch from the shape's bucket and the norm to template arguments

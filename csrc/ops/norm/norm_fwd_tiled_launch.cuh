@@ -17,16 +17,33 @@
 namespace opente {
 
 template <te_dtype kIn, te_dtype kOut>
-void launch_norm_fwd_tiled(const NormFwdParams& p, const NormFwdTileShape& tile, int device, void* stream) {
+void launch_norm_fwd_tiled(const NormFwdParams& p, const NormFwdTileShape& tile, int device, unsigned* counters,
+                           void* stream) {
   using norm_kernels::norm_fwd_rows_kernel;
   auto launch = [&](auto kernel) {
-    // the kernel takes an amax (four waves at most, as launch_norm_fwd_rows'), and a block
-    // at least a tile
-    const int64_t tiles = (p.rows + tile.tile_rows - 1) / tile.tile_rows;
-    const int64_t grid = std::min(tiles, norm_resident_grid(reinterpret_cast<const void*>(kernel), tile.rows,
-                                                            tile.smem_bytes(), p.rows, device, kReducingKernelWaves));
+    const void* const kernel_address = reinterpret_cast<const void*>(kernel);
+    NormTrailingArgs trailing;
+    int64_t grid;
+    if (tile.tile == NormTile::kTrailing) {
+      // one wave (the blocks take row groups by ticket), the lag two of its waves; the
+      // counters zeroed on the stream before it
+      grid = norm_resident_grid(kernel_address, tile.rows, 0, p.rows, device, 1);
+      trailing.counters = counters;
+      trailing.lag = norm_trailing_lag(grid, tile.rows.rows_per_block, tile.tile_rows);
+      const NormTrailingSchedule schedule{p.rows, p.hidden, tile.rows.rows_per_block, tile.tile_rows, trailing.lag};
+      trailing.row_groups = schedule.row_groups();
+      trailing.tickets = schedule.tickets();
+      cuda_check(cudaMemsetAsync(counters, 0, norm_trailing_counter_bytes(p.rows, tile.tile_rows), as_stream(stream)),
+                 "cudaMemsetAsync(norm forward's trailing counters)");
+    } else {
+      // the kernel takes an amax (four waves at most, as launch_norm_fwd_rows'), and a block
+      // at least a tile
+      const int64_t tiles = (p.rows + tile.tile_rows - 1) / tile.tile_rows;
+      grid = std::min(tiles, norm_resident_grid(kernel_address, tile.rows, tile.smem_bytes(), p.rows, device,
+                                                kReducingKernelWaves));
+    }
     kernel<<<unsigned(grid), unsigned(tile.rows.block_threads()), tile.smem_bytes(), as_stream(stream)>>>(
-        p, tile.rows.threads_per_row, tile.rows.rows_per_block, tile.tile_rows, 1.0f / float(p.hidden));
+        p, tile.rows.threads_per_row, tile.rows.rows_per_block, tile.tile_rows, 1.0f / float(p.hidden), trailing);
     check_launch("norm_fwd_rows_kernel (tiled)");
   };
   // the tiled rows hold kNormFwdChunks (hidden > 512), or the small bucket's two or three
@@ -43,6 +60,7 @@ void launch_norm_fwd_tiled(const NormFwdParams& p, const NormFwdTileShape& tile,
   };
   using Shared = std::integral_constant<NormTile, NormTile::kShared>;
   using FromRowwiseCopy = std::integral_constant<NormTile, NormTile::kRowwiseCopy>;
+  using Trailing = std::integral_constant<NormTile, NormTile::kTrailing>;
   using Wide = std::integral_constant<NormRowForm, NormRowForm::kWide>;
   using Immediates = std::integral_constant<NormRowForm, NormRowForm::kImmediates>;
   using Chunks = std::integral_constant<int, kNormFwdChunks>;
@@ -62,6 +80,16 @@ void launch_norm_fwd_tiled(const NormFwdParams& p, const NormFwdTileShape& tile,
   }
   if (tile.tile == NormTile::kShared) {
     by_norm(Chunks{}, Shared{}, Wide{});
+  } else if (tile.tile == NormTile::kTrailing) {
+    // 16-bit rows past 7168 with the row kernel's four chunks (NormRowShape.TiledForward)
+    if constexpr (kIn != TE_DTYPE_FLOAT32) {
+      if (tile.rows.chunks == kNormFwdChunks) {
+        by_norm(Chunks{}, Trailing{}, Wide{});
+        return;
+      }
+    }
+    fail(TE_ERROR_INTERNAL, concat("norm forward (trailing tiles): no kernel of ", tile.rows.chunks,
+                                   " chunks for these rows"));
   } else if (tile.rows.chunks == kNormFwdChunks) {
     by_norm(Chunks{}, FromRowwiseCopy{}, Wide{});
   } else {
@@ -81,6 +109,6 @@ void launch_norm_fwd_tiled(const NormFwdParams& p, const NormFwdTileShape& tile,
 // An explicit instantiation of launch_norm_fwd_tiled (one a line in norm_fwd_tiled_e4m3.cu and
 // norm_fwd_tiled_e5m2.cu)
 #define OPENTE_NORM_FWD_TILED(IN, OUT) \
-  template void launch_norm_fwd_tiled<IN, OUT>(const NormFwdParams&, const NormFwdTileShape&, int, void*)
+  template void launch_norm_fwd_tiled<IN, OUT>(const NormFwdParams&, const NormFwdTileShape&, int, unsigned*, void*)
 
 }  // namespace opente

@@ -570,5 +570,31 @@ __device__ __forceinline__ void group_amax_to_global(float v, float* amax, const
   }
 }
 
+// A counter other blocks wait on (the trailing tiles' rows written, norm_trailing.h). The
+// writer: every thread's stores, the block's barrier, then one thread's add with release
+// semantics at GPU scope, which orders the block's stores before it (release is cumulative
+// over what the barrier ordered before it, as cooperative groups' grid barrier has it).
+// SASS: MEMBAR.ALL.GPU, then the RED; __threadfence() before a plain atomicAdd added a
+// CCTL.IVALL, which empties the SM's L1 of the weights that every row reads again.
+__device__ __forceinline__ void release_add(unsigned* counter, unsigned n) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(counter), "r"(n) : "memory");
+}
+
+// The reader: one thread polls the counter (relaxed loads at GPU scope, read at the L2)
+// until it reaches `target`, and the block's barrier then holds the others until it has.
+// They read what the counter guards with L2 loads (ld.global.cg) issued after that
+// barrier, which the writer's release made complete at the L2 before the add. An acquire
+// load (ld.acquire.gpu) would do the same and add a CCTL.IVALL each ticket, emptying the
+// SM's L1 of the weights (2 x hidden x 4 bytes a row for fp32 gamma and beta, more than
+// the row's own bytes from DRAM at 16-bit x).
+__device__ __forceinline__ void wait_until_at_least(const unsigned* counter, unsigned target) {
+  for (;;) {
+    unsigned seen;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+    if (seen >= target) return;
+    __nanosleep(64);
+  }
+}
+
 }  // namespace norm_kernels
 }  // namespace opente

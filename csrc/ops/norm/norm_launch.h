@@ -90,11 +90,13 @@ NormRowForm norm_fwd_row_form(const NormRowShape& shape, bool compact_allowed, N
 // columns. The tile stays in shared memory (short rows, and wider 16-bit rows up to what
 // a block's shared memory holds: RMSNorm's from 3072, LayerNorm's from 5248) or is read
 // back from the row-wise copy the block has just written, while its lines are still in
-// the L2.
+// the L2; or, for wider rows, each tile is transposed by blocks that take its share two
+// waves of rows later, from the row-wise copy in the L2 (norm_trailing.h).
 enum class NormTile {
   kNone,         // the row kernel alone
   kShared,       // the tile in shared memory (tile_slot's layout)
   kRowwiseCopy,  // the tile read back from the row-wise output, behind the block's barrier
+  kTrailing,     // the tiles read back from the row-wise output by later tickets (norm_trailing.h)
 };
 struct NormFwdTileShape {
   NormRowShape rows;  // the forward's row groups, rows_per_block a power of two dividing tile_rows
@@ -126,7 +128,11 @@ struct NormFwdTileShape {
 //   kNormFwdStagedMaxHidden, multiples of 8, in blocks of up to
 //   kNormFwdStagedMaxBlockThreads; for fp32 rows (whose registers allow blocks of
 //   kNormMaxBlockThreads only) up to kNormFwdStagedFp32MaxHidden, and to
-//   kNormFwdStagedFp32WideMaxHidden with kNormFwdStagedFp32WideMinRows rows or more.
+//   kNormFwdStagedFp32WideMaxHidden with kNormFwdStagedFp32WideMinRows rows or more;
+// - else with a row-wise copy, for 16-bit rows of the hidden sizes norm_fwd_trailing_hidden
+//   gives, multiples of 8, the trailing tiles (norm_trailing.h) of kNormFwdTrailingTileRows
+//   rows, with the row kernel's row groups in blocks of up to kNormMaxBlockThreads (kWide)
+//   (norm_fwd_tiled_takes declines them where the device's memory outruns its SMs).
 NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy, int64_t rows, bool fp32_input, NormType type,
                                      size_t max_block_smem);
 constexpr int64_t kNormFwdSmallTiledMinHidden = 128;
@@ -154,6 +160,22 @@ constexpr int64_t kNormFwdSharedMaxHidden = 7168;                           // 2
 constexpr int kNormFwdSharedTileRows = 32;
 // the forward kernel's static shared memory (reduction and amax slots, under 1 KiB), at most
 constexpr size_t kNormFwdStaticSmemBound = 2048;
+constexpr int kNormFwdTrailingTileRows = 32;
+// The trailing tiles' hidden sizes (16-bit rows with a row-wise copy), where they were timed
+// faster than the two passes on an H100 (norm_row_shape.cpp): RMSNorm's past its shared
+// tile (7169) but for kNormFwdTrailingRmsGapMinHidden to kNormFwdTrailingRmsGapMaxHidden,
+// LayerNorm's from kNormFwdTrailingLnMinHidden; to kNormFwdMaxRegisterHidden.
+bool norm_fwd_trailing_hidden(int64_t hidden, NormType type);
+constexpr int64_t kNormFwdTrailingRmsGapMinHidden = 10241;
+constexpr int64_t kNormFwdTrailingRmsGapMaxHidden = 12288;
+constexpr int64_t kNormFwdTrailingLnMinHidden = 12289;
+// The trailing tiles' lag (norm_trailing.h), in waves of the grid's row groups: a ticket
+// transposes the share of the row group taken this many waves before it (plus a tile's
+// row groups, so that its whole tile is older than the ticket).
+constexpr int kNormFwdTrailingLagWaves = 2;
+inline int64_t norm_trailing_lag(int64_t grid, int rows_per_block, int tile_rows) {
+  return kNormFwdTrailingLagWaves * grid + tile_rows / rows_per_block;
+}
 
 // The backward's; chunks == 0 beyond kNormBwdMaxRegisterHidden.
 NormRowShape norm_bwd_row_shape(int64_t hidden);
@@ -242,12 +264,17 @@ void launch_norm_fwd_rows(const NormFwdParams& p, const NormRowShape& shape, int
 // The tiled forward (norm_fwd_tiled.cu): whether it takes this call (an FP8 y with its
 // transposed copy, a shape norm_fwd_tile_shape takes on `device`, rows % 8 == 0, aligned buffers),
 // and its launch.
-bool norm_fwd_tiled_takes(const NormFwdParams& p, int device);
-void norm_fwd_tiled_cuda(const NormFwdParams& p, int device, void* stream);
+// The trailing tiles take their counters from the workspace (`workspace_size` bytes,
+// norm_trailing_counter_bytes): where it is not 4-byte aligned or too small for them (te_norm_workspace_size's
+// holds them up to 32768 x hidden rows) the call keeps the two passes.
+bool norm_fwd_tiled_takes(const NormFwdParams& p, int device, const void* workspace, size_t workspace_size);
+void norm_fwd_tiled_cuda(const NormFwdParams& p, int device, void* workspace, void* stream);
 // Its launch (norm_fwd_tiled_launch.cuh) for input kIn and FP8 y kOut, of the call's tile
-// shape; norm_fwd_tiled_e4m3.cu and norm_fwd_tiled_e5m2.cu instantiate it.
+// shape; norm_fwd_tiled_e4m3.cu and norm_fwd_tiled_e5m2.cu instantiate it. `counters`: the
+// trailing tiles' (zeroed here), in the workspace.
 template <te_dtype kIn, te_dtype kOut>
-void launch_norm_fwd_tiled(const NormFwdParams& p, const NormFwdTileShape& tile, int device, void* stream);
+void launch_norm_fwd_tiled(const NormFwdParams& p, const NormFwdTileShape& tile, int device, unsigned* counters,
+                           void* stream);
 
 // Whether `device`'s memory outruns its SMs as an H200's does: its peak DRAM bandwidth an
 // SM (dram_gb_per_s_per_sm, common/cuda_utils.h) is at least kNormMemoryOutrunsSmsGBPerSm.

@@ -213,6 +213,28 @@ NormRowForm norm_fwd_row_form(const NormRowShape& shape, bool compact_allowed, N
 // clean (with uneven counts it reported the tile's writes and reads across the block's
 // barrier as hazards; 16384 x 6144 took 184.6 us without the bare barrier, 186.9 with it,
 // in runs a session apart).
+// Wider 16-bit rows with a row-wise copy take the trailing tiles (norm_trailing.h) where they
+// were timed faster than the two passes (norm_fwd_trailing_hidden), with the row kernel's row
+// groups in its blocks of up to 512 threads: written in ticket order, the rows not yet
+// transposed are a few waves' worth whatever the width, where a tile a block held 264
+// tiles in flight.
+// H100 SXM, bf16 rows, both FP8 copies, two passes against the trailing tiles, us (of a
+// same-bytes copy; benchmarks/RESULTS.md, fifty-third session): rmsnorm 16384 x 7296 221.1 ->
+// 204.6 (73.0% -> 78.8%), 8192 x 8192 125.5 -> 116.8, 8192 x 9216 140.3 -> 135.1, 4096 x
+// 16384 127.2 -> 118.7, 8192 x 16384 248.2 -> 226.1 (72.8% -> 79.9%), but 4096 x 12288 93.6
+// -> 95.6, where the row kernel's 56 registers hold three blocks of 384 threads an SM and the
+// trailing kernel's 64 two; layernorm 4096 x 16384 130.4 -> 127.2, 8192 x 16384 254.4 ->
+// 241.3, but 16384 x 7296 225.6 -> 229.1, 4096 x 12288 95.8 -> 98.5 and 8192 x 9216 142.7 ->
+// 149.1 (the row kernel's compact form there; a compact trailing form, its transposes
+// ahead of the row's loads so as not to spill, lost as much), and 8192 x 8192 127.0 ->
+// 123.3 alone among its 7169-8192. fp32 rows were not timed.
+bool norm_fwd_trailing_hidden(int64_t hidden, NormType type) {
+  if (hidden > kNormFwdMaxRegisterHidden) return false;
+  if (type == NormType::kLayerNorm) return hidden >= kNormFwdTrailingLnMinHidden;
+  return hidden > kNormFwdSharedMaxHidden &&
+         (hidden < kNormFwdTrailingRmsGapMinHidden || hidden > kNormFwdTrailingRmsGapMaxHidden);
+}
+
 NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy, int64_t rows, bool fp32_input, NormType type,
                                      size_t max_block_smem) {
   NormFwdTileShape tile;
@@ -248,6 +270,10 @@ NormFwdTileShape norm_fwd_tile_shape(int64_t hidden, bool rowwise_copy, int64_t 
     tile.rows = tile_row_groups(hidden, fp32_input ? kNormMaxBlockThreads : kNormFwdStagedMaxBlockThreads, fp32_input);
     tile.tile_rows = kNormFwdStagedTileRows;
     tile.tile = NormTile::kRowwiseCopy;
+  } else if (rowwise_copy && !fp32_input && hidden % 8 == 0 && norm_fwd_trailing_hidden(hidden, type)) {
+    tile.rows = tile_row_groups(hidden, kNormMaxBlockThreads, fp32_input);
+    tile.tile_rows = kNormFwdTrailingTileRows;
+    tile.tile = NormTile::kTrailing;
   } else {
     return tile;
   }
