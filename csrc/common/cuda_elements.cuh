@@ -27,6 +27,19 @@ struct CudaType<TE_DTYPE_BFLOAT16> {
   using type = __nv_bfloat16;
 };
 
+// One 16-byte or 8-byte global store of these 32-bit words, written out as PTX. As plain
+// C++ stores, of a struct or of a uint4, the softmax's shifted rows' vectors (beside a
+// branch of element stores) came out of the compiler as four 32-bit stores each (PTX);
+// __stwb's st.global.wb came out as a strong store (STG.E.128.STRONG.SM, SASS). The
+// "memory" clobber keeps the store in order with the other memory accesses, as a plain
+// store is kept (the softmax kernels' SASS the same with it as without).
+__device__ __forceinline__ void store_words(void* p, uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w0), "r"(w1), "r"(w2), "r"(w3) : "memory");
+}
+__device__ __forceinline__ void store_words(void* p, uint32_t w0, uint32_t w1) {
+  asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(p), "r"(w0), "r"(w1) : "memory");
+}
+
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }

@@ -6,7 +6,9 @@ Converted to floats straight from there, the compiler read them 2 bytes at a tim
 LDS.U16 per input where 8 LDS.128 do): 5% of dgelu + dbias + cast + transpose on an H200
 (benchmarks/RESULTS.md, activation section). The softmax's rows of odd sk stored their
 whole vectors as four 32-bit stores and their first and last vectors byte by byte: 7-11%
-of the short rows' time on an H100 (RESULTS.md, softmax section, fifty-second session).
+of the short rows' time on an H100 (RESULTS.md, softmax section, fifty-second session), and
+RoPE stored every 16-byte run so (its d2 = d/2 rows 4-15% slower on an H100, RESULTS.md, RoPE
+section, fifty-third session).
 Needs nvcc and cuobjdump / nvdisasm (tools/run_tests.sh installs the latter two from PyPI);
 skips without them.
 """
@@ -73,3 +75,20 @@ def test_softmax_stores_whole_vectors_and_no_bytes(source):
         assert vector, f"{name}: no element type and kV in the name"
         if int(vector.group(1)) > 1:
             assert counts["STG.128"] >= 1, f"{name}: no 16-byte store ({dict(counts)})"
+
+
+def test_rope_stores_whole_vectors():
+    nvcc, cuobjdump, nvdisasm = tools()
+    sass = sass_scan.disassemble(os.path.join(ROOT, "csrc/ops/rope/rope.cu"), nvcc, cuobjdump, nvdisasm)
+    kernels, lines = sass_scan.kernel_counts(sass), sass_scan.kernel_lines(sass)
+    ropes = [name for name in kernels if "rope_kernel" in name]
+    assert len(ropes) >= 6, f"{len(ropes)} rope kernels"
+    for name in ropes:
+        split = sass_scan.split_vector_stores(lines[name])
+        assert split == 0, f"{name}: {split} 16-byte runs stored as four 32-bit stores"
+        # the kernels of 16-byte runs (the template's first flag; without it, element by
+        # element) store some whole
+        vectorized = re.search(r"rope_kernelI(?:13__nv_bfloat16|6__half|f)Lb(\d)E", name)
+        assert vectorized, f"{name}: no element type and flag in the name"
+        if vectorized.group(1) == "1":
+            assert kernels[name]["STG.128"] >= 1, f"{name}: no 16-byte store ({dict(kernels[name])})"

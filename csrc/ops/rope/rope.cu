@@ -84,7 +84,17 @@ __device__ __forceinline__ void store_run(T* p, const T (&e)[kN]) {
     Run<T, kN> r;
 #pragma unroll
     for (int i = 0; i < kN; ++i) r.e[i] = e[i];
-    *reinterpret_cast<Run<T, kN>*>(p) = r;
+    if constexpr (sizeof(r) == 16) {  // as one store (store_words): as a struct copy, four in some kernels
+      uint4 w;
+      memcpy(&w, &r, sizeof(w));
+      store_words(p, w.x, w.y, w.z, w.w);
+    } else if constexpr (sizeof(r) == 8) {
+      uint2 w;
+      memcpy(&w, &r, sizeof(w));
+      store_words(p, w.x, w.y);
+    } else {
+      *reinterpret_cast<Run<T, kN>*>(p) = r;
+    }
   } else {
 #pragma unroll
     for (int i = 0; i < kN; ++i) p[i] = e[i];

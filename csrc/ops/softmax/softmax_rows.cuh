@@ -79,19 +79,8 @@ __device__ __forceinline__ Packed<T, kV> load_packed(const T* p) {
   return *reinterpret_cast<const Packed<T, kV>*>(p);
 }
 
-// One 16-byte or 8-byte global store of these 32-bit words, written out as PTX. As plain
-// C++ stores, of a Packed struct or of a uint4, the kShifted kernels' vectors (beside
-// store_partial's branch) came out of the compiler as four 32-bit stores each (PTX);
-// __stwb's st.global.wb came out as a strong store (STG.E.128.STRONG.SM, SASS). The
-// "memory" clobber keeps the store in order with the other memory accesses, as a plain
-// store is kept (the kernels' SASS the same with it as without).
-__device__ __forceinline__ void store_words(void* p, uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
-  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w0), "r"(w1), "r"(w2), "r"(w3) : "memory");
-}
-__device__ __forceinline__ void store_words(void* p, uint32_t w0, uint32_t w1) {
-  asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(p), "r"(w0), "r"(w1) : "memory");
-}
-
+// 16-byte vectors as one vector store each (store_words: the compiler split them in
+// the kShifted kernels).
 template <class T, int kV>
 __device__ __forceinline__ void store_packed(T* p, const Packed<T, kV>& v) {
   if constexpr (Packed<T, kV>::kBytes == 16) {  // the vector kernels' (kV = 16 / sizeof(T))
