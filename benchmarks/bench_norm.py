@@ -2,17 +2,21 @@
 bandwidth and against PyTorch, in one run.
 
     python3 benchmarks/bench_norm.py            # needs a CUDA GPU
+    python3 benchmarks/bench_norm.py --weight-dtype fp32   # gamma and beta in fp32
 
-Bytes counted (bf16 x and weights, [rows, hidden]): forward reads x and writes y
+Bytes counted (bf16 x, [rows, hidden]): forward reads x and writes y
 (2 + 2 bytes an element; 2 + 1 with an FP8 y, 2 + 1 + 1 with its transposed copy
 too, what LayerNormLinear and LayerNormMLP ask for in FP8 training under delayed
 scaling; a bf16 y "and its amax", the max|y| a current-scaling cast of y needs, taken
 as the kernel writes y: the same 2 + 2 bytes); backward reads
 dz and x and writes dx (6 bytes an element); the statistics and the [hidden] vectors
-are left out. PyTorch does the same work with F.layer_norm / F.rms_norm (forward; for
-an FP8 y then amax and the scaled cast, and for the transposed copy ``.t().contiguous()``;
-for the amax ``y.abs().amax()``, a second pass)
-and their autograd backward (timed as backward of a saved graph, dx and dweight).
+are left out. The weights are bf16 by default; ``--weight-dtype fp32`` gives them
+Transformer Engine's default params_dtype (torch.get_default_dtype(): fp32), as a bf16
+model trained under autocast keeps them (PyTorch's ops take bf16 copies of them: its
+layer_norm would give an fp32 y for fp32 weights). PyTorch does the same work with
+F.layer_norm / F.rms_norm (forward; for an FP8 y then amax and the scaled cast, and for
+the transposed copy ``.t().contiguous()``; for the amax ``y.abs().amax()``, a second
+pass) and their autograd backward (timed as backward of a saved graph, dx and dweight).
 
 Each call takes the next of three copies of its inputs: the time of one memory-bound
 kernel moved by up to 30% between runs with a single set of buffers (H100), with
@@ -54,13 +58,14 @@ def with_transpose(y_fp8):
     return y_fp8, y_fp8.t().contiguous()
 
 
-def cases(rows: int, hidden: int):
+def cases(rows: int, hidden: int, weight_dtype: torch.dtype):
     copies = []
     for _ in range(3):
         x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
         copies.append((x, torch.randn_like(x)))
-    w = torch.rand(hidden, device="cuda", dtype=torch.bfloat16) + 0.5
-    b = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
+    w = torch.rand(hidden, device="cuda", dtype=weight_dtype) + 0.5
+    b = torch.randn(hidden, device="cuda", dtype=weight_dtype)
+    tw, tb = w.to(torch.bfloat16), b.to(torch.bfloat16)  # PyTorch's: a bf16 y as ours
     scale, amax = torch.ones(1, device="cuda"), torch.zeros(1, device="cuda")
     eps, shape = 1e-5, (hidden,)
     fwd, bwd = [], []
@@ -68,7 +73,7 @@ def cases(rows: int, hidden: int):
         _, mu, rs = layernorm_fwd(x, w, b, eps)
         _, _, rs_rms = rmsnorm_fwd(x, w, eps)
         xg = x.detach().requires_grad_()
-        wg, bg = w.detach().requires_grad_(), b.detach().requires_grad_()
+        wg, bg = tw.detach().requires_grad_(), tb.detach().requires_grad_()
         fwd.append((x,))
         bwd.append((dz, x, mu, rs, rs_rms, xg, wg, bg, F.layer_norm(xg, shape, wg, bg, eps),
                     F.rms_norm(xg, shape, wg, eps)))
@@ -80,26 +85,26 @@ def cases(rows: int, hidden: int):
         return lambda x: module_ops.norm_forward(layernorm, x, w, b if layernorm else None, eps, False, dev,
                                                  amax=amax.data_ptr())
     yield ("layernorm fwd", 4 * n, rotating(lambda x: layernorm_fwd(x, w, b, eps), fwd),
-           rotating(lambda x: F.layer_norm(x, shape, w, b, eps), fwd))
+           rotating(lambda x: F.layer_norm(x, shape, tw, tb, eps), fwd))
     yield ("layernorm fwd, and its amax", 4 * n, rotating(with_amax(True), fwd),
-           rotating(lambda x: torch_amax(F.layer_norm(x, shape, w, b, eps), amax), fwd))
+           rotating(lambda x: torch_amax(F.layer_norm(x, shape, tw, tb, eps), amax), fwd))
     yield ("layernorm fwd, FP8 y", 3 * n, rotating(lambda x: layernorm_fwd(x, w, b, eps, **fp8), fwd),
-           rotating(lambda x: torch_fp8(F.layer_norm(x, shape, w, b, eps), scale, amax), fwd))
+           rotating(lambda x: torch_fp8(F.layer_norm(x, shape, tw, tb, eps), scale, amax), fwd))
     yield ("layernorm fwd, FP8 y and y^T", 4 * n,
            rotating(lambda x: layernorm_fwd(x, w, b, eps, columnwise=True, **fp8), fwd),
-           rotating(lambda x: with_transpose(torch_fp8(F.layer_norm(x, shape, w, b, eps), scale, amax)), fwd))
+           rotating(lambda x: with_transpose(torch_fp8(F.layer_norm(x, shape, tw, tb, eps), scale, amax)), fwd))
     yield ("layernorm bwd", 6 * n, rotating(lambda dz, x, mu, rs, *_: layernorm_bwd(dz, x, mu, rs, w), bwd),
            rotating(lambda dz, x, mu, rs, rs_rms, xg, wg, bg, y_ln, y_rms:
                     torch.autograd.grad(y_ln, (xg, wg, bg), dz, retain_graph=True), bwd))
     yield ("rmsnorm fwd", 4 * n, rotating(lambda x: rmsnorm_fwd(x, w, eps), fwd),
-           rotating(lambda x: F.rms_norm(x, shape, w, eps), fwd))
+           rotating(lambda x: F.rms_norm(x, shape, tw, eps), fwd))
     yield ("rmsnorm fwd, and its amax", 4 * n, rotating(with_amax(False), fwd),
-           rotating(lambda x: torch_amax(F.rms_norm(x, shape, w, eps), amax), fwd))
+           rotating(lambda x: torch_amax(F.rms_norm(x, shape, tw, eps), amax), fwd))
     yield ("rmsnorm fwd, FP8 y", 3 * n, rotating(lambda x: rmsnorm_fwd(x, w, eps, **fp8), fwd),
-           rotating(lambda x: torch_fp8(F.rms_norm(x, shape, w, eps), scale, amax), fwd))
+           rotating(lambda x: torch_fp8(F.rms_norm(x, shape, tw, eps), scale, amax), fwd))
     yield ("rmsnorm fwd, FP8 y and y^T", 4 * n,
            rotating(lambda x: rmsnorm_fwd(x, w, eps, columnwise=True, **fp8), fwd),
-           rotating(lambda x: with_transpose(torch_fp8(F.rms_norm(x, shape, w, eps), scale, amax)), fwd))
+           rotating(lambda x: with_transpose(torch_fp8(F.rms_norm(x, shape, tw, eps), scale, amax)), fwd))
     yield ("rmsnorm bwd", 6 * n, rotating(lambda dz, x, mu, rs, rs_rms, *_: rmsnorm_bwd(dz, x, rs_rms, w), bwd),
            rotating(lambda dz, x, mu, rs, rs_rms, xg, wg, bg, y_ln, y_rms:
                     torch.autograd.grad(y_rms, (xg, wg), dz, retain_graph=True), bwd))
@@ -108,15 +113,18 @@ def cases(rows: int, hidden: int):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iters", type=int, default=100)
+    parser.add_argument("--weight-dtype", choices=("bf16", "fp32"), default="bf16", help="gamma and beta's dtype")
     # the first four since the first session; then the widths where the README names gaps
     parser.add_argument("--shapes", default="16384x4096,8192x8192,32768x1024,4096x16384,"
                                             "16384x768,16384x2048,8192x5120,4096x12288")
     add_ops_argument(parser)
     args = parser.parse_args()
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
+    weight_dtype = torch.float32 if args.weight_dtype == "fp32" else torch.bfloat16
     rows = ((name, f"{r} x {h}", nbytes, ours, theirs) for r, h in shapes
-            for name, nbytes, ours, theirs in cases(r, h))
-    print_bandwidth_table("bench_norm.py", rows, args.iters, "rows x hidden (bf16)", args.ops)
+            for name, nbytes, ours, theirs in cases(r, h, weight_dtype))
+    header = "rows x hidden (bf16" + (", fp32 weights)" if args.weight_dtype == "fp32" else ")")
+    print_bandwidth_table("bench_norm.py", rows, args.iters, header, args.ops)
 
 if __name__ == "__main__":
     main()
