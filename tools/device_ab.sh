@@ -17,7 +17,8 @@
 #     bash tools/device_ab.sh a.patch b.patch -- python3 benchmarks/bench_norm.py --shapes 8192x5120
 #
 # Patches are `git diff` output against the tree (applied with git apply, which needs no
-# repository, or patch -p1). Commands run from the repository root, as device_check.sh's
+# repository, or patch -p1), each applied alone: tools/patch_compiles.sh checks on a
+# machine without a GPU that each compiles so, before a call. Commands run from the repository root, as device_check.sh's
 # do, with the variant's install directory first on PYTHONPATH.
 set -uo pipefail
 cd "$(dirname "$0")/.."
