@@ -18,8 +18,9 @@
 #
 # Patches are `git diff` output against the tree (applied with git apply, which needs no
 # repository, or patch -p1), each applied alone: tools/patch_compiles.sh checks on a
-# machine without a GPU that each compiles so, before a call. Commands run from the repository root, as device_check.sh's
-# do, with the variant's install directory first on PYTHONPATH.
+# machine without a GPU that each compiles so, before a call. Commands run from the
+# repository root, as device_check.sh's do, with the variant's install directory first on
+# PYTHONPATH.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-2}

@@ -61,10 +61,10 @@ for patch in "$@"; do
     echo "== $patch: ${#files[@]} CUDA files to compile"
     # one line a file: "ok <file>" or "FAILED <file>" and nvcc's first errors
     if ! printf '%s\n' "${files[@]}" | (cd "$tree" && xargs -r -P "$(nproc)" -I{} sh -c '
-        log=$(mktemp); out=$(mktemp --suffix=.cubin)
+        log=$(mktemp); out=$(mktemp --suffix=.cubin); trap "rm -f $log $out" EXIT
         if "$0" -std=c++17 -arch=sm_90a -cubin -O3 -Icsrc -Icsrc/include -DOPENTE_WITH_CUDA=1 -DOPENTE_WITH_CUDNN=0 \
-            {} -o "$out" >"$log" 2>&1; then echo "ok {}"; else echo "FAILED {}"; grep -m5 error "$log"; exit 1; fi
-        rm -f "$log" "$out"' "$NVCC"); then
+            {} -o "$out" >"$log" 2>&1; then echo "ok {}"; else echo "FAILED {}"; grep -m5 error "$log"; exit 1; fi' \
+        "$NVCC"); then
       status=1
     fi
   fi
