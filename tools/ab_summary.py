@@ -8,7 +8,10 @@ each variant's time (the median over its rounds) and its ratio to the base build
 Reads the lines device_ab.sh prefixes with a variant's name, "[name] | op | shape | us |
 ... | same-bytes % | ...", as benchmarks/timing.py's print_bandwidth_table prints them
 (bench_norm, bench_activation, bench_softmax, bench_rope); other lines are skipped. A
-ratio below 1 is faster than the base. Prints a markdown table for RESULTS.md.
+ratio below 1 is faster than the base. Prints a markdown table for RESULTS.md. Rows are
+kept apart by the header of the table they came from too ("rows x hidden (bf16, fp32
+weights)"): a command that runs a benchmark twice, e.g. with bf16 and with fp32 weights at
+the same shapes, gets a line for each, its shape followed by the header's words.
 """
 
 from __future__ import annotations
@@ -21,21 +24,38 @@ import sys
 
 # [variant] | op | shape | OpenTE us | GB/s | of copy BW | of a same-bytes copy | ...
 ROW = re.compile(r"^\[([^\]]+)\] \| ([^|]+?) \| ([^|]+?) \| ([0-9.]+) \| [^|]+ \| [^|]+ \| ([0-9.]+)% \|")
+# [variant] | op | rows x hidden (bf16, fp32 weights) | ...: a table's header
+HEADER = re.compile(r"^\[([^\]]+)\] \| op \| ([^|]+?) \|")
 
 
 def collect(lines) -> tuple[list[str], dict]:
-    """Variants in order of appearance, and (op, shape) -> variant -> [(us, same-bytes %)]."""
+    """Variants in order of appearance, and (op, shape, header) -> variant -> [(us, same-bytes %)],
+    where header is the second column's title of the table the row came from."""
     variants: list[str] = []
     times: dict = collections.defaultdict(lambda: collections.defaultdict(list))
+    header_of: dict[str, str] = {}  # each variant's table being read
     for line in lines:
+        h = HEADER.match(line)
+        if h:
+            header_of[h.group(1)] = h.group(2)
+            continue
         m = ROW.match(line)
         if not m:
             continue
         variant, op, shape, us, fraction = m.group(1), m.group(2), m.group(3), float(m.group(4)), float(m.group(5))
         if variant not in variants:
             variants.append(variant)
-        times[(op, shape)][variant].append((us, fraction))
+        times[(op, shape, header_of.get(variant, ""))][variant].append((us, fraction))
     return variants, times
+
+
+def shape_label(op: str, shape: str, header: str, times: dict) -> str:
+    """The shape, followed by its table's words where the same op and shape came in tables
+    of different headers (a benchmark run twice with other options)."""
+    if sum(1 for key in times if key[:2] == (op, shape)) == 1:
+        return shape
+    words = re.search(r"\((.*)\)", header)
+    return f"{shape} ({words.group(1) if words else header})"
 
 
 def median(runs):
@@ -51,7 +71,7 @@ def table(variants: list[str], times: dict, base: str = "base") -> list[str]:
     others = [v for v in variants if v != base]
     lines = ["| op | shape | " + " | ".join([f"{base} us (of a same-bytes copy)", *others]) + " |",
              "|" + "---|" * (3 + len(others))]
-    for (op, shape), by_variant in times.items():
+    for (op, shape, header), by_variant in times.items():
         base_us = median(by_variant.get(base))
         cells = [f"{base_us[0]:.1f} ({base_us[1]:.1f}%)" if base_us else "-"]
         for variant in others:
@@ -62,7 +82,7 @@ def table(variants: list[str], times: dict, base: str = "base") -> list[str]:
                 cells.append(f"{m[0]:.1f} ({m[1]:.1f}%), {m[0] / base_us[0]:.3f}x")
             else:
                 cells.append(f"{m[0]:.1f} ({m[1]:.1f}%)")
-        lines.append(f"| {op} | {shape} | " + " | ".join(cells) + " |")
+        lines.append(f"| {op} | {shape_label(op, shape, header, times)} | " + " | ".join(cells) + " |")
     return lines
 
 

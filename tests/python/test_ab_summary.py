@@ -23,6 +23,9 @@ OUTPUT = """== base built in 110 s
 [base] |---|---|---|---|---|---|---|---|
 [base] | layernorm bwd | 8192 x 5120 | 90.0 | 2796 | 66.1% | 70.0% | 200.0 | 2.22x |
 [base] | rmsnorm bwd | 8192 x 5120 | 80.0 | 3173 | 75.0% | 81.0% | 190.0 | 2.40x |
+[x.patch] device: NVIDIA H200  copy bandwidth (read+write, 1 GiB): 4232 GB/s
+[x.patch] | op | rows x hidden (bf16) | OpenTE us | GB/s | of copy BW | of a same-bytes copy | PyTorch us | speed-up |
+[x.patch] |---|---|---|---|---|---|---|---|
 [x.patch] | layernorm bwd | 8192 x 5120 | 80.0 | 3146 | 74.4% | 79.0% | 200.0 | 2.50x |
 [x.patch] | rmsnorm bwd | 8192 x 5120 | 80.0 | 3226 | 76.3% | 81.0% | 190.0 | 2.44x |
 == round 2
@@ -35,7 +38,7 @@ OUTPUT = """== base built in 110 s
 def test_medians_and_ratios_a_line_an_op_and_shape():
     variants, times = ab_summary.collect(OUTPUT.splitlines())
     assert variants == ["base", "x.patch"]
-    assert times[("layernorm bwd", "8192 x 5120")]["base"] == [(90.0, 70.0), (92.0, 68.0)]
+    assert times[("layernorm bwd", "8192 x 5120", "rows x hidden (bf16)")]["base"] == [(90.0, 70.0), (92.0, 68.0)]
     lines = ab_summary.table(variants, times)
     assert lines[0] == "| op | shape | base us (of a same-bytes copy) | x.patch |"
     assert lines[2] == "| layernorm bwd | 8192 x 5120 | 91.0 (69.0%) | 81.0 (78.0%), 0.890x |"
@@ -48,3 +51,16 @@ def test_output_without_a_base_is_refused():
     variants, times = ab_summary.collect([line.replace("[base]", "[other]") for line in OUTPUT.splitlines()])
     with pytest.raises(SystemExit, match="base"):
         ab_summary.table(variants, times)
+
+
+def test_the_same_shape_under_two_tables_keeps_two_lines():
+    """A command that runs the benchmark twice (bf16, then fp32 weights) at one shape: a
+    line for each table, the shape labelled with the header's words, medians not mixed."""
+    second = [line.replace("rows x hidden (bf16)", "rows x hidden (bf16, fp32 weights)")
+              .replace("| 90.0 |", "| 99.0 |").replace("| 92.0 |", "| 99.0 |")
+              for line in OUTPUT.splitlines()]
+    variants, times = ab_summary.collect(OUTPUT.splitlines() + second)
+    lines = ab_summary.table(variants, times)
+    assert lines[2] == "| layernorm bwd | 8192 x 5120 (bf16) | 91.0 (69.0%) | 81.0 (78.0%), 0.890x |"
+    assert "| layernorm bwd | 8192 x 5120 (bf16, fp32 weights) | 99.0 (69.0%) | 81.0 (78.0%), 0.818x |" in lines
+    assert len(lines) == 6
