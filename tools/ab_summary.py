@@ -49,10 +49,10 @@ def collect(lines) -> tuple[list[str], dict]:
     return variants, times
 
 
-def shape_label(op: str, shape: str, header: str, times: dict) -> str:
+def shape_label(shape: str, header: str, shared: bool) -> str:
     """The shape, followed by its table's words where the same op and shape came in tables
-    of different headers (a benchmark run twice with other options)."""
-    if sum(1 for key in times if key[:2] == (op, shape)) == 1:
+    of different headers (`shared`: a benchmark run twice with other options)."""
+    if not shared:
         return shape
     words = re.search(r"\((.*)\)", header)
     return f"{shape} ({words.group(1) if words else header})"
@@ -71,6 +71,7 @@ def table(variants: list[str], times: dict, base: str = "base") -> list[str]:
     others = [v for v in variants if v != base]
     lines = ["| op | shape | " + " | ".join([f"{base} us (of a same-bytes copy)", *others]) + " |",
              "|" + "---|" * (3 + len(others))]
+    tables_of = collections.Counter((op, shape) for op, shape, _ in times)  # headers an op and shape came under
     for (op, shape, header), by_variant in times.items():
         base_us = median(by_variant.get(base))
         cells = [f"{base_us[0]:.1f} ({base_us[1]:.1f}%)" if base_us else "-"]
@@ -82,7 +83,7 @@ def table(variants: list[str], times: dict, base: str = "base") -> list[str]:
                 cells.append(f"{m[0]:.1f} ({m[1]:.1f}%), {m[0] / base_us[0]:.3f}x")
             else:
                 cells.append(f"{m[0]:.1f} ({m[1]:.1f}%)")
-        lines.append(f"| {op} | {shape_label(op, shape, header, times)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {op} | {shape_label(shape, header, tables_of[(op, shape)] > 1)} | " + " | ".join(cells) + " |")
     return lines
 
 
