@@ -3,17 +3,18 @@ bandwidth and against PyTorch, in one run.
 
     python3 benchmarks/bench_norm.py            # needs a CUDA GPU
     python3 benchmarks/bench_norm.py --weight-dtype fp32   # gamma and beta in fp32
+    python3 benchmarks/bench_norm.py --x-dtype fp16        # x, dz (and the weights) in fp16
 
-Bytes counted (bf16 x, [rows, hidden]): forward reads x and writes y
+Bytes counted (16-bit x, [rows, hidden]): forward reads x and writes y
 (2 + 2 bytes an element; 2 + 1 with an FP8 y, 2 + 1 + 1 with its transposed copy
 too, what LayerNormLinear and LayerNormMLP ask for in FP8 training under delayed
 scaling; a bf16 y "and its amax", the max|y| a current-scaling cast of y needs, taken
 as the kernel writes y: the same 2 + 2 bytes); backward reads
 dz and x and writes dx (6 bytes an element); the statistics and the [hidden] vectors
-are left out. The weights are bf16 by default; ``--weight-dtype fp32`` gives them
-Transformer Engine's default params_dtype (torch.get_default_dtype(): fp32), as a bf16
-model trained under autocast keeps them (PyTorch's ops take bf16 copies of them: its
-layer_norm would give an fp32 y for fp32 weights). PyTorch does the same work with
+are left out. The weights are in x's dtype (bf16 by default) unless ``--weight-dtype
+fp32`` gives them Transformer Engine's default params_dtype (torch.get_default_dtype():
+fp32), as a bf16 model trained under autocast keeps them (PyTorch's ops take copies of
+them in x's dtype: its layer_norm would give an fp32 y for fp32 weights). PyTorch does the same work with
 F.layer_norm / F.rms_norm (forward; for an FP8 y then amax and the scaled cast, and for
 the transposed copy ``.t().contiguous()``; for the amax ``y.abs().amax()``, a second
 pass) and their autograd backward (timed as backward of a saved graph, dx and dweight).
@@ -58,14 +59,14 @@ def with_transpose(y_fp8):
     return y_fp8, y_fp8.t().contiguous()
 
 
-def cases(rows: int, hidden: int, weight_dtype: torch.dtype):
+def cases(rows: int, hidden: int, weight_dtype: torch.dtype, x_dtype: torch.dtype = torch.bfloat16):
     copies = []
     for _ in range(3):
-        x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(rows, hidden, device="cuda", dtype=x_dtype)
         copies.append((x, torch.randn_like(x)))
     w = torch.rand(hidden, device="cuda", dtype=weight_dtype) + 0.5
     b = torch.randn(hidden, device="cuda", dtype=weight_dtype)
-    tw, tb = w.to(torch.bfloat16), b.to(torch.bfloat16)  # PyTorch's: a bf16 y as ours
+    tw, tb = w.to(x_dtype), b.to(x_dtype)  # PyTorch's: a y in x's dtype, as ours
     scale, amax = torch.ones(1, device="cuda"), torch.zeros(1, device="cuda")
     eps, shape = 1e-5, (hidden,)
     fwd, bwd = [], []
@@ -113,17 +114,21 @@ def cases(rows: int, hidden: int, weight_dtype: torch.dtype):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iters", type=int, default=100)
-    parser.add_argument("--weight-dtype", choices=("bf16", "fp32"), default="bf16", help="gamma and beta's dtype")
+    parser.add_argument("--weight-dtype", choices=("x", "bf16", "fp32"), default="x",
+                        help="gamma and beta's dtype (x: x's)")
+    parser.add_argument("--x-dtype", choices=("bf16", "fp16"), default="bf16", help="x's (and dz's) dtype")
     # the first four since the first session; then the widths where the README names gaps
     parser.add_argument("--shapes", default="16384x4096,8192x8192,32768x1024,4096x16384,"
                                             "16384x768,16384x2048,8192x5120,4096x12288")
     add_ops_argument(parser)
     args = parser.parse_args()
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
-    weight_dtype = torch.float32 if args.weight_dtype == "fp32" else torch.bfloat16
+    x_dtype = torch.float16 if args.x_dtype == "fp16" else torch.bfloat16
+    weight_dtype = {"x": x_dtype, "bf16": torch.bfloat16, "fp32": torch.float32}[args.weight_dtype]
     rows = ((name, f"{r} x {h}", nbytes, ours, theirs) for r, h in shapes
-            for name, nbytes, ours, theirs in cases(r, h, weight_dtype))
-    header = "rows x hidden (bf16" + (", fp32 weights)" if args.weight_dtype == "fp32" else ")")
+            for name, nbytes, ours, theirs in cases(r, h, weight_dtype, x_dtype))
+    weights = "" if weight_dtype == x_dtype else f", {args.weight_dtype} weights"
+    header = f"rows x hidden ({args.x_dtype}{weights})"
     print_bandwidth_table("bench_norm.py", rows, args.iters, header, args.ops)
 
 if __name__ == "__main__":

@@ -119,7 +119,13 @@ __global__ void __launch_bounds__(form_max_threads(kForm), form_min_blocks(kForm
   };
 
   float dgamma[kChunks][kChunk] = {}, dbeta[kLayerNorm ? kChunks : 1][kChunk] = {};
-  RowReduction<RowSums, kMaxWarps, false, true> reduction(scratch, group);  // blocks of whole warps
+  // Blocks of whole warps. LayerNorm's warps' sums by lane (RowReduction): on an H100 0.6-3.7%
+  // faster at hidden 9216-16384, within 1.5% either way at 5120-8192; RMSNorm's rows 2-4%
+  // slower so, waiting on the five dependent shuffle steps where the loop's loads overlap, and
+  // fp16 LayerNorm's compact form 12% (it spilled 32 more bytes): both keep warp order
+  // (benchmarks/RESULTS.md, fifty-seventh session).
+  constexpr bool kWarpsByLane = kLayerNorm && !(kForm == PipelinedForm::kCompact && kIn == TE_DTYPE_FLOAT16);
+  RowReduction<RowSums, kMaxWarps, false, true, kWarpsByLane> reduction(scratch, group);
   const float inv_hidden = 1.0f / float(hidden);
   const int64_t stride = gridDim.x;
   int64_t r = blockIdx.x;

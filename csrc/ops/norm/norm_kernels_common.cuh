@@ -476,7 +476,15 @@ __device__ __forceinline__ void sync_row_group(int barrier, int threads) {
 // All threads of a warp must call sum() together (full-warp shuffles).
 // kImmediateBarrier: sync_row_group's. kWholeWarps: the groups are whole warps (a
 // block a row), so every shuffle step runs, without a test of the group's width.
-template <class V, int kMaxWarps = kNormMaxBlockWarps, bool kImmediateBarrier = false, bool kWholeWarps = false>
+// kWarpsByLane: the warps' sums added by lanes instead, lane w taking warp w's, in a
+// second butterfly (same bits in every lane again, another order than warp order): a
+// load and five shuffle steps, where the loop took a load and an add a warp in every
+// thread (87 instructions a row at 24 warps, the backward's widest rows: SASS), but five
+// dependent steps on the row's critical path. LayerNorm's pipelined backward takes it (its
+// tests hold each kernel to the references' error bounds, not to each other's bits); the
+// forward keeps warp order, whose bits its kernels share.
+template <class V, int kMaxWarps = kNormMaxBlockWarps, bool kImmediateBarrier = false, bool kWholeWarps = false,
+          bool kWarpsByLane = false>
 class RowReduction {
  public:
   __device__ __forceinline__ RowReduction(V* scratch, const RowGroup& group) : scratch_(scratch), group_(group) {}
@@ -494,9 +502,18 @@ class RowReduction {
     parity_ ^= 1;
     if (threadIdx.x % 32 == 0) buf[threadIdx.x / 32] = v;
     sync_row_group<kImmediateBarrier>(1 + group_.index, group_.threads);  // barrier 0 is __syncthreads'
-    V total = buf[first_warp];
-    for (int w = 1; w < warps; ++w) total = add(total, buf[first_warp + w]);
-    return total;
+    if constexpr (kWarpsByLane) {
+      static_assert(kMaxWarps <= 32, "a lane a warp");
+      const int lane = int(threadIdx.x % 32);
+      V total = lane < warps ? buf[first_warp + lane] : V{};
+#pragma unroll
+      for (int offset = 16; offset > 0; offset >>= 1) total = add(total, shfl_xor(total, offset));
+      return total;
+    } else {
+      V total = buf[first_warp];
+      for (int w = 1; w < warps; ++w) total = add(total, buf[first_warp + w]);
+      return total;
+    }
   }
 
  private:
