@@ -14,8 +14,8 @@ dz and x and writes dx (6 bytes an element); the statistics and the [hidden] vec
 are left out. The weights are in x's dtype (bf16 by default) unless ``--weight-dtype
 fp32`` gives them Transformer Engine's default params_dtype (torch.get_default_dtype():
 fp32), as a bf16 model trained under autocast keeps them (PyTorch's ops take copies of
-them in x's dtype: its layer_norm would give an fp32 y for fp32 weights). PyTorch does the same work with
-F.layer_norm / F.rms_norm (forward; for an FP8 y then amax and the scaled cast, and for
+them in x's dtype: its layer_norm would give an fp32 y for fp32 weights). PyTorch does
+the same work with F.layer_norm / F.rms_norm (forward; for an FP8 y then amax and the scaled cast, and for
 the transposed copy ``.t().contiguous()``; for the amax ``y.abs().amax()``, a second
 pass) and their autograd backward (timed as backward of a saved graph, dx and dweight).
 
