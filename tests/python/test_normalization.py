@@ -575,13 +575,15 @@ def with_hard_rows(x):
 
 
 def check_fwd_cuda(norm, rows, hidden, x_dtype, w_dtype, zc, device, gen, misaligned=False, out_dtype=None,
-                   hard_rows=False):
+                   hard_rows=False, misaligned_weights=False):
     """The forward on ``device`` against the float64 reference, torch's fp32 and the CPU
-    core: y (in ``out_dtype``, default x's), mu and rsigma."""
+    core: y (in ``out_dtype``, default x's), mu and rsigma (``misaligned_weights``: gamma and
+    beta as on_device's misaligned views)."""
     x, w, b = make_inputs((rows,), hidden, x_dtype, w_dtype, zc, gen)
     if hard_rows:
         x = with_hard_rows(x).to(x_dtype)
-    xd, wd, bd = on_device(x, device, misaligned), w.to(device), b.to(device)
+    xd = on_device(x, device, misaligned)
+    wd, bd = on_device(w, device, misaligned_weights), on_device(b, device, misaligned_weights)
     poison_cache(x.numel() * 4, device)  # after the inputs: the outputs reuse the poisoned block
     got = run_fwd(norm, xd, wd, bd, 1e-5, zc, out_dtype=out_dtype)
     cpu = run_fwd(norm, x, w, b, 1e-5, zc, out_dtype=out_dtype)
@@ -716,6 +718,17 @@ def test_fwd_cuda_dtype_pairs(norm, x_dtype, w_dtype, hidden, device, gen):
     """Every input and weight dtype on the GPU (fp16 weights included, which no other CUDA
     test passes): two chunks a thread at 200 (zero-centered gamma), the compact form at 2560."""
     check_fwd_cuda(norm, 5, hidden, x_dtype, w_dtype, hidden == 200, device, gen)
+
+
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("hidden", [1024, 5120, 16384], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("w_dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("norm", NORMS)
+def test_fwd_cuda_weights_off_16_bytes(norm, w_dtype, hidden, device, gen):
+    """gamma and beta as views 2 or 4 bytes off 16-byte alignment (a layer's weights inside
+    a flat parameter buffer, as FSDP keeps them) with an aligned bf16 x: the element-wise
+    path, which reads them a float at a time."""
+    check_fwd_cuda(norm, 40, hidden, torch.bfloat16, w_dtype, True, device, gen, misaligned_weights=True)
 
 
 @pytest.mark.parametrize("device", CUDA)
@@ -862,10 +875,11 @@ def torch_bwd_fp32(norm, dz, x, w, b, eps, zero_centered):
 
 
 def check_bwd_cuda(norm, rows, hidden, x_dtype, w_dtype, zc, device, gen, misaligned=False, repeat=False,
-                   hard_rows=False):
+                   hard_rows=False, misaligned_weights=False):
     """The backward on ``device`` against the float64 reference, torch's fp32 autograd and
     the CPU core: dx, dgamma, dbeta (with ``repeat``, a second call gives the same bits;
-    ``hard_rows``: with_hard_rows' x). Returns the CUDA results."""
+    ``hard_rows``: with_hard_rows' x; ``misaligned_weights``: gamma as on_device's
+    misaligned view). Returns the CUDA results."""
     x, w, b = make_inputs((rows,), hidden, x_dtype, w_dtype, zc, gen)
     if hard_rows:
         x = with_hard_rows(x).to(x_dtype)
@@ -873,7 +887,7 @@ def check_bwd_cuda(norm, rows, hidden, x_dtype, w_dtype, zc, device, gen, misali
     (dx_ref, dg_ref, db_ref), (mu, rs), _ = reference_bwd(norm, dz, x, w, b, 1e-5, zc)
     dev = lambda t: t.to(device) if t is not None else None  # noqa: E731
     inputs = (on_device(dz, device, misaligned), on_device(x, device, misaligned), dev(mu), rs.to(device),
-              w.to(device))
+              on_device(w, device, misaligned_weights))
     poison_cache(x.numel() * 4, device)  # after the inputs: the outputs reuse the poisoned block
     got = run_bwd(norm, *inputs, zc)
     cpu = run_bwd(norm, dz, x, mu, rs, w, zc)
@@ -938,6 +952,17 @@ def test_bwd_cuda_dtype_pairs(norm, x_dtype, w_dtype, hidden, device, gen):
     in each weight dtype by the one-block write (200), the in-grid finalize (2560) and the
     finalize kernel after the pipelined or rows kernel (5120)."""
     check_bwd_cuda(norm, 10, hidden, x_dtype, w_dtype, True, device, gen)
+
+
+@pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("hidden", [1024, 5120, 16384], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("w_dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("norm", NORMS)
+def test_bwd_cuda_weights_off_16_bytes(norm, w_dtype, hidden, device, gen):
+    """gamma as a view 2 or 4 bytes off 16-byte alignment (a flat parameter buffer's) with
+    aligned bf16 rows: the rows kernel (1024) and the pipelined kernel (5120, 16384) stage
+    it into shared memory element by element, where aligned weights go as 16-byte words."""
+    check_bwd_cuda(norm, 40, hidden, torch.bfloat16, w_dtype, True, device, gen, misaligned_weights=True)
 
 
 @pytest.mark.parametrize("device", CUDA)

@@ -101,10 +101,6 @@ __global__ void __launch_bounds__(form_max_threads(kForm), form_min_blocks(kForm
   float* gamma_tile = reinterpret_cast<float*>(smem);
   const int stage_words = Share::kStageWords * group.threads;
   uint4* stages = reinterpret_cast<uint4*>(gamma_tile + tile);  // [2][dz, x][stage_words]
-  stage_weights<kChunks>(p.gamma, p.w_dtype, hidden, p.zero_centered_gamma ? 1.0f : 0.0f, group.threads,
-                         gamma_tile);
-  __syncthreads();
-
   const In* dz_rows = static_cast<const In*>(p.dz);  // [rows, hidden]
   const In* x_rows = static_cast<const In*>(p.x);    // [rows, hidden]
   // Copies row r's dz and x into `stage` (zeros past the last row: no traffic) as one
@@ -117,6 +113,13 @@ __global__ void __launch_bounds__(form_max_threads(kForm), form_min_blocks(kForm
     Share::stage(stage + stage_words, x_rows + offset, group, limit);
     commit_async_copies();
   };
+  // The first row's copies in flight while gamma is staged (its loads and the tile's
+  // stores), not behind them
+  int64_t r = blockIdx.x;
+  stage_row(stages, r);
+  stage_weights<kChunks>(p.gamma, p.w_dtype, hidden, p.zero_centered_gamma ? 1.0f : 0.0f, group.threads,
+                         gamma_tile);
+  __syncthreads();
 
   float dgamma[kChunks][kChunk] = {}, dbeta[kLayerNorm ? kChunks : 1][kChunk] = {};
   // Blocks of whole warps. LayerNorm's warps' sums by lane (RowReduction): on an H100 0.6-3.7%
@@ -128,8 +131,6 @@ __global__ void __launch_bounds__(form_max_threads(kForm), form_min_blocks(kForm
   RowReduction<RowSums, kMaxWarps, false, true, kWarpsByLane> reduction(scratch, group);
   const float inv_hidden = 1.0f / float(hidden);
   const int64_t stride = gridDim.x;
-  int64_t r = blockIdx.x;
-  stage_row(stages, r);
   for (int buffer = 0; r < p.rows; r += stride, buffer ^= 1) {
     const uint4* dz_stage = stages + buffer * 2 * stage_words;
     const uint4* x_stage = dz_stage + stage_words;
