@@ -76,23 +76,18 @@ namespace opente {
 namespace norm_kernels {
 
 // y to columns [col, col + 8) of output row `r` (and of the FP8 transposed output).
-// Element-wise (!kVectorized): in the dtype p.out_dtype, kOut unused.
+// Element-wise (!kVectorized): in the dtype p.out_dtype, kOut unused, whichever
+// pointers are set. A vectorized FP8 y: the row-wise y, or where `columnwise_alone` (the
+// row kernel's call of a column-wise copy alone, norm_fwd.cu) that copy alone; the
+// kernel tells the two apart once a row, since testing both pointers at every chunk took
+// about 7 instructions a chunk of layernorm's FP8 y (SASS; 2 now), and the H200 runs
+// these kernels at their instruction issue bound: there 0-2.1% faster (layernorm 16384 x
+// 4096 67.4 -> 66.2 us), on an H100 within 1.4% either way (benchmarks/RESULTS.md).
 template <bool kVectorized, te_dtype kOut>
 __device__ __forceinline__ void store_y(const NormFwdParams& p, int64_t r, int col, int hidden, bool fp8,
-                                        const float (&y)[kChunk]) {
-  if constexpr (!kVectorized) {
-    if (p.output) {
-      const int64_t row = r * p.hidden;
-#pragma unroll
-      for (int i = 0; i < kChunk; ++i) {
-        if (col + i < hidden) store_element_as(p.output, row + col + i, p.out_dtype, y[i]);
-      }
-    }
-  } else if (p.output) {
-    using Out = typename Stored<kOut>::type;
-    store_chunk<kVectorized, kOut>(static_cast<Out*>(p.output) + r * p.hidden, col, hidden, y);
-  }
-  if (fp8 && p.output_t) {  // [hidden, rows], a column-wise copy alone the tiled form does not take: byte stores a row apart
+                                        bool columnwise_alone, const float (&y)[kChunk]) {
+  // [hidden, rows], a column-wise copy alone the tiled form does not take: byte stores a row apart
+  auto store_transposed = [&] {
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) {
       if (col + i < hidden) {
@@ -104,6 +99,25 @@ __device__ __forceinline__ void store_y(const NormFwdParams& p, int64_t r, int c
         }
       }
     }
+  };
+  using Out = typename Stored<kOut>::type;
+  if constexpr (!kVectorized) {
+    if (p.output) {
+      const int64_t row = r * p.hidden;
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) {
+        if (col + i < hidden) store_element_as(p.output, row + col + i, p.out_dtype, y[i]);
+      }
+    }
+    if (fp8 && p.output_t) store_transposed();
+  } else if constexpr (kIsFp8<kOut>) {
+    if (columnwise_alone) {
+      store_transposed();
+    } else {
+      store_chunk<kVectorized, kOut>(static_cast<Out*>(p.output) + r * p.hidden, col, hidden, y);
+    }
+  } else if (p.output) {
+    store_chunk<kVectorized, kOut>(static_cast<Out*>(p.output) + r * p.hidden, col, hidden, y);
   }
 }
 
@@ -220,6 +234,10 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
   extern __shared__ uint2 transpose_tile[];  // NormTile::kShared: tile_slot's layout, tile_rows * hidden bytes
   if constexpr (kMaybeFp8) allow_dependent_launch();  // the transposed copy's kernel (norm_fwd_cuda)
   const bool fp8 = kVectorized ? kIsFp8<kOut> : is_fp8_dtype(p.out_dtype);
+  // A vectorized FP8 y's column-wise copy alone, the row kernel's one call without a
+  // row-wise y (norm_fwd.cu; the tiled forms write that copy from their tiles): store_y.
+  constexpr bool kMaybeColumnwiseAlone = kVectorized && kIsFp8<kOut> && !kTiled;
+  const bool columnwise_alone_call = kMaybeColumnwiseAlone && p.output_t != nullptr;
   // max|y| is taken for an FP8 y (before scaling) and where a float y's amax is asked for
   const bool takes_amax = kVectorized ? kIsFp8<kOut> || kFloatAmax : fp8 || p.amax != nullptr;
   __shared__ float scratch[2 * kMaxWarps];
@@ -356,6 +374,10 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
     // profile on an H200 had this kernel issuing instructions in 76% of its cycles.
     // Element-wise rows read the weights' dtype at run time (their six typed copies
     // spilled hundreds of bytes).
+    // Held for the row: taken from the pointer again at every chunk, the test cost a
+    // constant load and two compares a chunk (SASS).
+    [[maybe_unused]] bool columnwise_alone = false;  // the tiled forms store from their tiles
+    if constexpr (kMaybeColumnwiseAlone) columnwise_alone = opaque_per_row(int(columnwise_alone_call)) != 0;
     auto write_y = [&](const auto& weights) {
 #pragma unroll
       for (int j = 0; j < kChunks; ++j) {
@@ -393,7 +415,7 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
           // the row-wise copy, read back below (kTrailing: by a later ticket)
           *reinterpret_cast<uint2*>(static_cast<uint8_t*>(p.output) + r * p.hidden + col) = fp8_chunk<kOut>(y);
         } else {
-          store_y<kVectorized, kOut>(p, r, col, hidden, fp8, y);
+          store_y<kVectorized, kOut>(p, r, col, hidden, fp8, columnwise_alone, y);
         }
       }
     };

@@ -218,6 +218,10 @@ __device__ __forceinline__ T* opaque_per_row(T* ptr) {
   asm volatile("" : "+l"(ptr));
   return ptr;
 }
+__device__ __forceinline__ int opaque_per_row(int v) {
+  asm volatile("" : "+r"(v));
+  return v;
+}
 
 // The forward's weights, read a chunk at a time: load_gamma(col, hidden, v) puts
 // columns [col, col + 8) of gamma (plus 1 for zero_centered_gamma) as fp32 into v,
