@@ -3,7 +3,6 @@
 // outruns the SMs, the row kernel, the fallback for rows too long for registers), the
 // transposed FP8 copy, and the row kernel's dtypes as template arguments of its launch
 // (norm_fwd_rows_launch.cuh, compiled in norm_fwd_rows_*.cu).
-#include <stdexcept>
 #include <type_traits>
 
 #include "common/cuda_utils.h"
@@ -22,7 +21,7 @@ namespace {
 // where it takes the call and `pipelined_allowed`, else the row kernel, else the fallback.
 void norm_fwd_in_rows(const NormFwdParams& p, int device, void* stream, bool pipelined_allowed) {
   // the row kernel writes one of the two (a row decides which, norm_fwd_kernel.cuh's store_y)
-  if (p.output && p.output_t) throw std::logic_error("norm_fwd_in_rows: both FP8 copies, which take two passes");
+  if (p.output && p.output_t) fail(TE_ERROR_INTERNAL, "norm_fwd_in_rows: both FP8 copies, which take two passes");
   DeviceGuard guard(device);
   const bool vectorized = p.hidden % kChunk == 0 && is_aligned(p.input, 16) && is_aligned(p.gamma, 16) &&
                           (p.beta == nullptr || is_aligned(p.beta, 16)) &&
