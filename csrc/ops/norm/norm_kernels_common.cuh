@@ -378,8 +378,9 @@ __host__ __device__ constexpr int weight_tile_floats(int chunks, int threads_per
 // a float a thread at a time, each load waited on before the next and its place in the
 // tile found by two divisions, gamma held every block for 16 L2 round trips at hidden
 // 5120 or 16384 before its rows' work began; so staged, and with the first row's copies
-// issued before it, the backward was 0.7-5% faster on an H100, layernorm 2048 x 16384
-// 90.2 -> 86.0 us, 8192 x 5120 103.4 -> 99.5: benchmarks/RESULTS.md, fifty-eighth session.)
+// issued before it, the backward was 0.4-6% faster on an H100, layernorm 2048 x 16384
+// 90.2 -> 86.0 us, 8192 x 5120 103.4 -> 99.5, and layernorm's 4-7% on an H200:
+// benchmarks/RESULTS.md, fifty-eighth session.)
 template <int kChunks>
 __device__ __forceinline__ void stage_weights(const void* w, te_dtype dtype, int hidden, float shift,
                                               int threads_per_row, float* tile) {
