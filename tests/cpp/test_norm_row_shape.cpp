@@ -196,6 +196,11 @@ TEST(NormRowShape, TiledForward) {
                                    hidden <= opente::kNormFwdWarpRowMaxHidden;
             // launch_norm_fwd_tiled has the trailing tiles' kernels of four chunks alone, kWide
             if (trailing) EXPECT_EQ(tile.rows.chunks, opente::kNormFwdChunks);
+            // LayerNorm's trailing kernels build their row group as the whole block
+            // (RowGroup::whole_block, norm_fwd_kernel.cuh)
+            if (trailing && type == NormType::kLayerNorm) EXPECT_EQ(tile.rows.rows_per_block, 1) << hidden;
+            // the kernels of other chunk counts take their groups to fit a warp (__builtin_assume)
+            if (tile.rows.chunks != opente::kNormFwdChunks) EXPECT_LE(tile.rows.threads_per_row, 32) << hidden;
             EXPECT_EQ(tile.rows.chunks, small_shared    ? (hidden == 384 ? opente::kNormFwdSmallOddChunks
                                                                          : opente::kNormFwdSmallChunks)
                                         : warp_rows ? opente::norm_fwd_warp_row_chunks(hidden)

@@ -659,9 +659,9 @@ def test_fwd_cuda_buckets_other_dtypes(norm, x_dtype, hidden, device, gen):
 def test_fwd_hard_rows(norm, x_dtype, hidden, device, gen):
     """Rows with an outlier in column 0 or a large offset: y, mu and rsigma stay within a
     few times torch's fp32 error there (a mean summed in fp32 alone was 1000x off it at
-    an offset of 1000). The outlier rows take the register kernel's second reduction
-    (its pivot lies far from the mean), the offset rows next to them do not, in the same
-    warp for short rows. On the CPU the core is checked against torch's CPU kernel;
+    an offset of 1000). The offset rows take the register kernel's second reduction
+    (their mu^2 outweighs their variance), the outlier rows next to them do not, in the
+    same warp for short rows. On the CPU the core is checked against torch's CPU kernel;
     127 and 1001 take the element-wise kernels, 1152 and 1536 five and six chunks a
     thread, 2560 the compact form, 20000 the fallback kernel."""
     check_fwd_cuda(norm, 30, hidden, x_dtype, torch.float32, False, device, gen, hard_rows=True)

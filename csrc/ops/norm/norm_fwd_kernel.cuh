@@ -24,20 +24,23 @@
 // row groups by ticket instead, and each ticket also transposes a share of a tile that
 // earlier tickets wrote.
 //
-// Statistics (LayerNorm): one reduction of a pair, the sums of d = x - pivot and
-// of d^2, where the pivot is the mean of the row's first 8 elements (a shuffle from
-// the group's first lane, or a broadcast load for rows of several warps; past the
-// row's end the elements count as 0): mu = pivot + sum(d) / n, variance = sum(d^2) / n - (sum(d) / n)^2. The two
-// passes of the CPU reference (a mean, then the squares about it) took two
-// reductions a row, and rows of several warps wait at a barrier in each. The
-// shift keeps the sums small where the row's mean is far from zero: a mean summed
-// in fp32 is off by about |mean| * 1e-7 (1e-4 at a mean of 1000 with a spread of 1,
-// 1000x torch's Welford mean). Where the pivot lies more than a standard deviation
-// from the mean (an outlier among the first elements; about 0.5% of Gaussian rows)
-// the subtraction would cost the variance its low bits, and those rows sum the
-// squares about mu again in a second reduction. Tried instead (sixth session): a
-// Welford / Chan merge in every shuffle step (6-25% slower on an H100), and the two
-// passes with a correction of the mean by the deviations' sum (1-6% slower).
+// Statistics (LayerNorm): one reduction of a pair, the sums of x and of x^2 (each
+// chunk's 8 added pairwise, chunk_sum and chunk_sum_of_squares; past the row's end
+// the elements count as 0): mu = sum(x) / n, variance = sum(x^2) / n - mu^2. The two
+// passes of the CPU reference (a mean, then the squares about it) took two reductions
+// a row, and rows of several warps wait at a barrier in each. In fp32 the difference
+// loses the variance's low bits where mu^2 outweighs it (a row at an offset of 1000
+// with a spread of 1), and a mean summed in fp32 is off by about |mean| * 1e-7 there:
+// rows whose mu^2 exceeds their variance sum the deviations d = x - mu and d^2 again
+// (a second reduction of a pair), and take mu + sum(d) / n and sum(d^2) / n - (sum(d) /
+// n)^2, as accurate as the pivot's form (benchmarks/RESULTS.md, fifty-ninth session:
+// a float32 model of both forms). Rows of Gaussian values, or
+// with an outlier feature, take the one reduction. Until the sixty-first session the
+// sums were of x - pivot, the pivot the mean of the row's first 8 elements (a
+// broadcast load for rows of several warps; a subtraction an element): about 2.2
+// instructions an element more (SASS). Tried instead (sixth session): a Welford / Chan
+// merge in every shuffle step (6-25% slower on an H100), and the two passes with a
+// correction of the mean by the deviations' sum for every row (1-6% slower).
 // What follows the sums is counted too (rows of 64-512 elements, a thread's 16, were
 // bound by instruction issue, ncu on an H100: 30 instructions an element for layernorm,
 // 21 for rmsnorm): rsigma is rsqrtf, LayerNorm's x hat one FFMA (x * rsigma - mu *
@@ -240,9 +243,17 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
   const bool columnwise_alone_call = kMaybeColumnwiseAlone && p.output_t != nullptr;
   // max|y| is taken for an FP8 y (before scaling) and where a float y's amax is asked for
   const bool takes_amax = kVectorized ? kIsFp8<kOut> || kFloatAmax : fp8 || p.amax != nullptr;
-  __shared__ float scratch[2 * kMaxWarps];
+  __shared__ float scratch[kLayerNorm ? 1 : 2 * kMaxWarps];  // RMSNorm's statistics
   __shared__ float2 pair_scratch[kLayerNorm ? 2 * kMaxWarps : 1];
-  const RowGroup group(threads_per_row);
+  // LayerNorm's trailing tiles take rows of more than half a block's threads (norm_launch.h):
+  // a row group a block, whose index is 0 rather than a division held in a register (with
+  // the ticket below, 168 bytes of spill in those kernels went to 8, ptxas sm_90a)
+  constexpr bool kOneRowGroup = kTile == NormTile::kTrailing && kLayerNorm;
+  const RowGroup group = kOneRowGroup ? RowGroup::whole_block() : RowGroup(threads_per_row);
+  // Rows of 2, 3, 5 or 6 chunks a thread take a warp or less (norm_launch.h): the compiler
+  // drops the reductions' cross-warp code for them (and the 5- and 6-chunk kernels' spills)
+  constexpr bool kGroupsInAWarp = kChunks != kNormFwdChunks;
+  if constexpr (kGroupsInAWarp) __builtin_assume(threads_per_row <= 32);
   const int hidden = int(p.hidden);  // <= kNormFwdMaxRegisterHidden
   static_assert(!kTiled || kForm != NormRowForm::kCompact,
                 "the tiled kernels: kWide, or the small bucket's rows (kImmediates) in their shared tile");
@@ -252,7 +263,7 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
                     kChunks == kNormFwdSmallOddChunks,
                 "the immediates' bound: the hidden <= 512 bucket's blocks");
   constexpr bool kImmediateBarrier = kForm != NormRowForm::kWide;
-  RowReduction<float, kMaxWarps, kImmediateBarrier> reduction(scratch, group);
+  [[maybe_unused]] RowReduction<float, kMaxWarps, kImmediateBarrier> reduction(scratch, group);
   RowReduction<float2, kMaxWarps, kImmediateBarrier> pair_reduction(pair_scratch, group);  // LayerNorm's statistics
   const float scale = fp8 ? *p.scale : 1.0f;
   float amax = 0.0f;
@@ -283,62 +294,48 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
 
     float mu = 0.0f, variance;  // RMSNorm: no centering, the mean square
     if constexpr (kLayerNorm) {
-      // One reduction of the deviations from the pivot and their squares (see "Statistics").
-      float pivot;
-      if (kForm == NormRowForm::kImmediates || group.threads <= 32) {
-        // The group's first thread holds the row's first chunk: a shuffle, not a load,
-        // for rows of one warp or less (whose critical path the load lengthened by 1-2%).
-        // The small bucket's groups are a warp or less: known at compile time, the pivot
-        // shares the statistics' conversions of x.
-        float head[kChunk];
-#pragma unroll
-        for (int i = 0; i < kChunk; ++i) head[i] = x.at(0, i);
-        pivot = __shfl_sync(0xffffffffu, chunk_sum(head) * (1.0f / kChunk), 0, group.threads);
-      } else {
-        const In* row = static_cast<const In*>(p.input) + r * p.hidden;
-        pivot = active ? row_pivot<In, kVectorized>(row, hidden) : 0.0f;
-      }
-      float sum_d = 0.0f, sum_sq = 0.0f;
+      // One reduction of the sums of x and x^2 (see "Statistics")
+      float sum_x = 0.0f, sum_sq = 0.0f;
 #pragma unroll
       for (int j = 0; j < kChunks; ++j) {
-        const int col = group.column(j);
-        float dev[kChunk], sq[kChunk];
+        // columns past the row hold 0; a vectorized chunk past it is skipped whole
+        if (!kVectorized || group.column(j) < hidden) {
+          float v[kChunk];
 #pragma unroll
-        for (int i = 0; i < kChunk; ++i) {
-          const float d = x.at(j, i) - pivot;
-          // vectorized: a chunk is all in the row or all past it, tested once below
-          dev[i] = kVectorized || in_row<kVectorized>(col, i, hidden) ? d : 0.0f;
-          sq[i] = dev[i] * dev[i];
-        }
-        if (!kVectorized || col < hidden) {
-          sum_d += chunk_sum(dev);
-          sum_sq += chunk_sum(sq);
+          for (int i = 0; i < kChunk; ++i) v[i] = x.at(j, i);
+          sum_x += chunk_sum(v);
+          sum_sq += chunk_sum_of_squares(v);
         }
       }
-      const float2 sums = pair_reduction.sum(make_float2(sum_d, sum_sq));
-      const float shift = row_mean(sums.x);  // mean - pivot
-      mu = pivot + shift;
-      variance = row_mean(sums.y) - shift * shift;
-      // A pivot more than a standard deviation off the mean (an outlier among the row's
-      // first elements) would cost the variance its low bits: such rows sum the squares
-      // about mu again. Warp-uniform, as the sum's full-warp shuffles need (rows of up to
-      // 512 elements share a warp); every thread of a multi-warp group agrees already.
-      const bool far = shift * shift > variance;
+      x.convert_again_later();  // not held as fp32 across the reduction for the far rows' sums
+      const float2 sums = pair_reduction.sum(make_float2(sum_x, sum_sq));
+      mu = row_mean(sums.x);
+      variance = __fmaf_rn(-mu, mu, row_mean(sums.y));
+      // A mean larger than the spread would cost the variance its low bits (and mu its
+      // accuracy): such rows sum the deviations from mu and their squares again, and mu
+      // takes their mean as a correction. Warp-uniform, as the sum's full-warp shuffles
+      // need (rows of up to 512 elements share a warp); every thread of a multi-warp
+      // group agrees already.
+      const bool far = mu * mu > variance;
       if (__any_sync(0xffffffffu, far)) {
-        float again = 0.0f;
+        float sum_d = 0.0f, sum_dd = 0.0f;
 #pragma unroll
         for (int j = 0; j < kChunks; ++j) {
           const int col = group.column(j);
-          float sq[kChunk];
+          if (!kVectorized || col < hidden) {
+            float d[kChunk];
 #pragma unroll
-          for (int i = 0; i < kChunk; ++i) {
-            const float d = x.at(j, i) - mu;
-            sq[i] = in_row<kVectorized>(col, i, hidden) ? d * d : 0.0f;
+            for (int i = 0; i < kChunk; ++i) d[i] = in_row<kVectorized>(col, i, hidden) ? x.at(j, i) - mu : 0.0f;
+            sum_d += chunk_sum(d);
+            sum_dd += chunk_sum_of_squares(d);
           }
-          again += chunk_sum(sq);
         }
-        again = row_mean(reduction.sum(again));
-        if (far) variance = again;
+        const float2 again = pair_reduction.sum(make_float2(sum_d, sum_dd));
+        if (far) {
+          const float shift = row_mean(again.x);
+          mu += shift;
+          variance = __fmaf_rn(-shift, shift, row_mean(again.y));
+        }
       } else if constexpr (kTile == NormTile::kShared) {
         // The named barrier the other branch's sum passes, so that every group of the
         // block passes as many: with uneven counts compute-sanitizer's racecheck reported
@@ -350,10 +347,10 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
       float sum_sq = 0.0f;
 #pragma unroll
       for (int j = 0; j < kChunks; ++j) {
-        float sq[kChunk];
+        float v[kChunk];
 #pragma unroll
-        for (int i = 0; i < kChunk; ++i) sq[i] = x.at(j, i) * x.at(j, i);  // 0 past the row
-        sum_sq += chunk_sum(sq);
+        for (int i = 0; i < kChunk; ++i) v[i] = x.at(j, i);  // 0 past the row
+        sum_sq += chunk_sum_of_squares(v);
       }
       variance = row_mean(reduction.sum(sum_sq));
     }
@@ -475,8 +472,13 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
         transpose_share();  // past the last row group: the shares of the last `lag` alone
       }
       __syncthreads();  // the row group's row-wise bytes written, by every thread of the block
-      if (threadIdx.x == 0 && ticket < row_groups) {
-        release_add(tile_rows_written + ticket * rows_per_block / tile_rows, unsigned(schedule.rows_of_group(ticket)));
+      if (threadIdx.x == 0) {
+        // the turn's ticket read again from its slot (which only the next turn rewrites),
+        // not held across the row, where with the statistics' registers it spilled (ptxas)
+        const int64_t done = *static_cast<volatile unsigned*>(&tickets[turn]);
+        if (done < row_groups) {
+          release_add(tile_rows_written + done * rows_per_block / tile_rows, unsigned(schedule.rows_of_group(done)));
+        }
       }
     }
   } else if constexpr (kTiled) {

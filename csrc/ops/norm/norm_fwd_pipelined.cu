@@ -15,9 +15,9 @@
 //
 // The row kernel's row groups (norm_fwd_row_shape: four chunks a thread, whole warps;
 // here a group is the block), its sums in the same order and its formulas (its kWide
-// form's divisions by hidden, the pivot's broadcast load), so mu, rsigma, y and the amax
-// have the row kernel's bits: a row-wise call here and the row-wise pass of a call of
-// both FP8 copies (the row kernel's, norm_fwd.cu) write the same bytes. Tried and
+// form's divisions by hidden), so mu, rsigma, y and the amax have the row kernel's bits:
+// a row-wise call here and the row-wise pass of a call of both FP8 copies (the row
+// kernel's, norm_fwd.cu) write the same bytes. Tried and
 // dropped (benchmarks/RESULTS.md, the forty-eighth session): gamma and beta staged in
 // shared memory as fp32 (5.7-33% slower on an H100: the tiles cost blocks), and both FP8
 // copies as this kernel's pass then the transpose.
@@ -72,16 +72,12 @@ __global__ void __launch_bounds__(kMaxThreads, 2) norm_fwd_pipelined_kernel(Norm
   // null pointer.
   if (r < p.rows) stage_row(stages, r);
 
-  RowReduction<float, kMaxWarps, true, true> reduction(scratch, group);  // blocks of whole warps
+  [[maybe_unused]] RowReduction<float, kMaxWarps, true, true> reduction(scratch, group);  // RMSNorm's; whole warps
   RowReduction<float2, kMaxWarps, true, true> pair_reduction(pair_scratch, group);
   const float scale = *p.scale;
   float amax = 0.0f;
   for (int buffer = 0; r < p.rows; r += stride, buffer ^= 1) {
     const uint4* x_stage = stages + buffer * stage_words;
-    // LayerNorm's pivot (norm_fwd_kernel.cuh, "Statistics") by the row kernel's broadcast
-    // load: the first chunk is another thread's staged word, not visible here without a
-    // barrier. Issued before the wait, so that its latency overlaps it.
-    const float pivot = kLayerNorm ? row_pivot<In, true>(x_rows + r * p.hidden, hidden) : 0.0f;
     stage_row(stages + (buffer ^ 1) * stage_words, r + stride);
     wait_async_copies<1>();  // this row's group; the next row's stays in flight
     auto x_chunk = [&](int j, float (&x)[kChunk]) {
@@ -90,56 +86,52 @@ __global__ void __launch_bounds__(kMaxThreads, 2) norm_fwd_pipelined_kernel(Norm
       for (int i = 0; i < kChunk; ++i) x[i] = element_as_float(raw, i);
     };
 
-    // The statistics: the row kernel's, chunk by chunk (0 past the row: the stage's zeros)
+    // The statistics: the row kernel's (norm_fwd_kernel.cuh, "Statistics"), chunk by chunk
+    // (0 past the row: the stage's zeros)
     float mu = 0.0f, variance;
     if constexpr (kLayerNorm) {
-      float sum_d = 0.0f, sum_sq = 0.0f;
+      float sum_x = 0.0f, sum_sq = 0.0f;
 #pragma unroll
       for (int j = 0; j < kChunks; ++j) {
-        float x[kChunk], dev[kChunk], sq[kChunk];
-        x_chunk(j, x);
-#pragma unroll
-        for (int i = 0; i < kChunk; ++i) {
-          dev[i] = x[i] - pivot;
-          sq[i] = dev[i] * dev[i];
-        }
         if (group.column(j) < hidden) {
-          sum_d += chunk_sum(dev);
-          sum_sq += chunk_sum(sq);
+          float x[kChunk];
+          x_chunk(j, x);
+          sum_x += chunk_sum(x);
+          sum_sq += chunk_sum_of_squares(x);
         }
       }
-      const float2 sums = pair_reduction.sum(make_float2(sum_d, sum_sq));
-      const float shift = sums.x / float(hidden);  // mean - pivot
-      mu = pivot + shift;
-      variance = sums.y / float(hidden) - shift * shift;
-      const bool far = shift * shift > variance;  // the same in every thread of the block
+      const float2 sums = pair_reduction.sum(make_float2(sum_x, sum_sq));
+      mu = sums.x / float(hidden);
+      variance = __fmaf_rn(-mu, mu, sums.y / float(hidden));
+      const bool far = mu * mu > variance;  // the same in every thread of the block
       if (__any_sync(0xffffffffu, far)) {
-        float again = 0.0f;
+        float sum_d = 0.0f, sum_dd = 0.0f;
 #pragma unroll
         for (int j = 0; j < kChunks; ++j) {
-          const int col = group.column(j);
-          float x[kChunk], sq[kChunk];
-          x_chunk(j, x);
+          if (group.column(j) < hidden) {
+            float x[kChunk], d[kChunk];
+            x_chunk(j, x);
 #pragma unroll
-          for (int i = 0; i < kChunk; ++i) {
-            const float d = x[i] - mu;
-            sq[i] = in_row<true>(col, i, hidden) ? d * d : 0.0f;
+            for (int i = 0; i < kChunk; ++i) d[i] = x[i] - mu;
+            sum_d += chunk_sum(d);
+            sum_dd += chunk_sum_of_squares(d);
           }
-          again += chunk_sum(sq);
         }
-        again = reduction.sum(again) / float(hidden);
-        if (far) variance = again;
+        const float2 again = pair_reduction.sum(make_float2(sum_d, sum_dd));
+        if (far) {
+          const float shift = again.x / float(hidden);
+          mu += shift;
+          variance = __fmaf_rn(-shift, shift, again.y / float(hidden));
+        }
       }
       if (variance < 0.0f) variance = 0.0f;  // rounding; a NaN row stays NaN
     } else {
       float sum_sq = 0.0f;
 #pragma unroll
       for (int j = 0; j < kChunks; ++j) {
-        float x[kChunk], sq[kChunk];
+        float x[kChunk];
         x_chunk(j, x);
-#pragma unroll
-        for (int i = 0; i < kChunk; ++i) sq[i] = x[i] * x[i];
-        sum_sq += chunk_sum(sq);
+        sum_sq += chunk_sum_of_squares(x);
       }
       variance = reduction.sum(sum_sq) / float(hidden);
     }

@@ -77,9 +77,16 @@ struct RowGroup {
         index(int(threadIdx.x) / threads_per_row),
         thread(int(threadIdx.x) % threads_per_row) {}
 
+  // A block that is one row group: its index 0 a constant, not a division held in a register
+  static __device__ __forceinline__ RowGroup whole_block() { return RowGroup(int(blockDim.x), 0, int(threadIdx.x)); }
+
   // First column of this thread's chunk j: neighbouring threads hold neighbouring
   // 8-element chunks, so a warp's loads of chunk j are contiguous.
   __device__ __forceinline__ int column(int j) const { return (j * threads + thread) * kChunk; }
+
+ private:
+  __device__ __forceinline__ RowGroup(int threads_per_row, int group_index, int thread_rank)
+      : threads(threads_per_row), index(group_index), thread(thread_rank) {}
 };
 
 // Element i of a chunk as fp32. A bf16 is the upper half of an fp32, so element i
@@ -445,27 +452,16 @@ __device__ __forceinline__ float chunk_sum(const float (&v)[kChunk]) {
   return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 }
 
-// The mean of the row's first min(8, hidden) elements: the shift of LayerNorm's
-// sums (see "Statistics") for rows of several warps. Every thread of the group reads
-// the same bytes (one broadcast load, from L1 or L2: the group's first thread is
-// loading them too).
-template <class In, bool kVectorized>
-__device__ __forceinline__ float row_pivot(const In* row, int hidden) {
-  if constexpr (kVectorized) {  // hidden % 8 == 0 and the row 16-byte aligned
-    const Vec8<In> head = *reinterpret_cast<const Vec8<In>*>(row);
-    float v[kChunk];
+// The squares of a chunk's 8 values added as chunk_sum adds them: each pair's sum one FFMA
+// on the first one's product (4 FMUL, 4 FFMA and 3 FADD), the form the compiler gave the
+// squares then chunk_sum by contraction (RMSNorm's instruction counts are the same, ncu).
+// Written out with the _rn intrinsics, so that every kernel that sums squares gets these
+// bits (an implicit contraction is the compiler's choice, kernel by kernel).
+__device__ __forceinline__ float chunk_sum_of_squares(const float (&v)[kChunk]) {
+  float pair[kChunk / 2];
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i) v[i] = to_float(head.v[i]);
-    // __fmul_rn: a multiply of its own, never contracted into the caller's x - pivot
-    // (the pipelined forward's was, as an FFMA: the same value but where the product is
-    // subnormal, and its bits must be the row kernel's)
-    return __fmul_rn(chunk_sum(v), 1.0f / kChunk);
-  } else {
-    const int n = hidden < kChunk ? hidden : kChunk;
-    float sum = 0.0f;
-    for (int i = 0; i < n; ++i) sum += to_float(row[i]);
-    return sum / float(n);
-  }
+  for (int k = 0; k < kChunk / 2; ++k) pair[k] = __fmaf_rn(v[2 * k + 1], v[2 * k + 1], __fmul_rn(v[2 * k], v[2 * k]));
+  return (pair[0] + pair[1]) + (pair[2] + pair[3]);
 }
 
 __device__ __forceinline__ float add(float a, float b) { return a + b; }

@@ -225,6 +225,18 @@ constexpr int64_t kNormBwdInGridFinalizeMaxHidden = 3072;
 constexpr int64_t kNormFwdMaxRegisterHidden = int64_t(kNormMaxBlockThreads) * kNormFwdChunks * 8;
 constexpr int64_t kNormBwdMaxRegisterHidden = int64_t(kNormMaxBlockThreads) * kNormBwdLongChunks * 8;
 
+// What the forward kernel takes as given (norm_fwd_kernel.cuh): rows of other chunk counts
+// than kNormFwdChunks fit a warp (the small bucket's, the eight-lane and half-warp rows of
+// five chunks, the warp rows of five or six), and LayerNorm's trailing tiles' rows take more
+// than half of a block's threads (a row group a block).
+static_assert(kNormFwdSmallMaxHidden <= 32 * kNormFwdSmallChunks * 8 &&
+                  kNormFwdHalfWarpRowMaxHidden <= 32 * kNormFwdFiveChunks * 8 &&
+                  norm_fwd_warp_row_chunks(kNormFwdWarpRowMaxHidden) * 8 * 32 >= kNormFwdWarpRowMaxHidden &&
+                  norm_fwd_warp_row_chunks(kNormFwdWarpRowMaxHidden) <= 6,
+              "the forward's rows of 2, 3, 5 or 6 chunks a thread: a warp or less");
+static_assert(2 * ((kNormFwdTrailingLnMinHidden + kNormFwdChunks * 8 - 1) / (kNormFwdChunks * 8)) > kNormMaxBlockThreads,
+              "LayerNorm's trailing tiles: a row group a block");
+
 // Blocks for a register kernel striding over `rows` rows: `waves` waves (the
 // kernel's occupancy at this block size and dynamic shared memory, times the SM
 // count; 0: uncapped, see grid_stride_blocks), no more blocks than row groups need,
