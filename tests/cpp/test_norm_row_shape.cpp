@@ -63,6 +63,8 @@ TEST(NormRowShape, ForwardExtraChunkRows) {
     check_shape(s, hidden, "forward, extra chunk counts");
     const NormRowShape plain = opente::norm_fwd_row_shape(hidden);
     const int64_t columns = int64_t(s.threads_per_row) * s.chunks * 8;
+    // the kernels of the most chunks take their groups as a warp (norm_fwd_kernel.cuh)
+    if (s.chunks == opente::kNormFwdWarpRowMaxChunks) EXPECT_EQ(s.threads_per_row, 32) << hidden;
     if (hidden >= opente::kNormFwdWarpRowMinHidden && hidden <= opente::kNormFwdWarpRowMaxHidden) {
       EXPECT_EQ(s.threads_per_row, 32) << hidden;  // a warp a row: shuffles alone
       EXPECT_EQ(s.chunks, hidden <= 1280 ? 5 : 6) << hidden;
@@ -201,6 +203,7 @@ TEST(NormRowShape, TiledForward) {
             if (trailing && type == NormType::kLayerNorm) EXPECT_EQ(tile.rows.rows_per_block, 1) << hidden;
             // the kernels of other chunk counts take their groups to fit a warp (__builtin_assume)
             if (tile.rows.chunks != opente::kNormFwdChunks) EXPECT_LE(tile.rows.threads_per_row, 32) << hidden;
+            if (tile.rows.chunks == opente::kNormFwdWarpRowMaxChunks) EXPECT_EQ(tile.rows.threads_per_row, 32) << hidden;
             EXPECT_EQ(tile.rows.chunks, small_shared    ? (hidden == 384 ? opente::kNormFwdSmallOddChunks
                                                                          : opente::kNormFwdSmallChunks)
                                         : warp_rows ? opente::norm_fwd_warp_row_chunks(hidden)

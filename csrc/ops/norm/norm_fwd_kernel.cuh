@@ -249,7 +249,11 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
   // a row group a block, whose index is 0 rather than a division held in a register (with
   // the ticket below, 168 bytes of spill in those kernels went to 8, ptxas sm_90a)
   constexpr bool kOneRowGroup = kTile == NormTile::kTrailing && kLayerNorm;
-  const RowGroup group = kOneRowGroup ? RowGroup::whole_block() : RowGroup(threads_per_row);
+  // Rows of 6 chunks a thread take exactly a warp (norm_launch.h): the group's index and rank
+  // a shift and a mask of a constant, where the division by threads_per_row was held in a
+  // register that the 6-chunk tiles' kernels spilled and reloaded once a row (ptxas)
+  constexpr bool kWarpGroups = kChunks == kNormFwdWarpRowMaxChunks;
+  const RowGroup group = kOneRowGroup ? RowGroup::whole_block() : RowGroup(kWarpGroups ? 32 : threads_per_row);
   // Rows of 2, 3, 5 or 6 chunks a thread take a warp or less (norm_launch.h): the compiler
   // drops the reductions' cross-warp code for them (and the 5- and 6-chunk kernels' spills)
   constexpr bool kGroupsInAWarp = kChunks != kNormFwdChunks;

@@ -56,6 +56,14 @@ constexpr int64_t kNormFwdHalfWarpRowMaxHidden = 640;
 constexpr int64_t kNormFwdWarpRowMinHidden = 1025;
 constexpr int64_t kNormFwdWarpRowMaxHidden = 1536;
 constexpr int norm_fwd_warp_row_chunks(int64_t hidden) { return int((hidden + 255) / 256); }  // 5 or 6
+// The most chunks a thread of the forward's rows: only the one-warp rows of 1281-1536 take
+// them, whose 27-32 threads' worth of columns threads_per_row rounds up to a whole warp
+// (norm_row_shape.cpp); the kernel takes the 32 as given (norm_fwd_kernel.cuh)
+constexpr int kNormFwdWarpRowMaxChunks = 6;
+static_assert(norm_fwd_warp_row_chunks(kNormFwdWarpRowMaxHidden) == kNormFwdWarpRowMaxChunks &&
+                  norm_fwd_warp_row_chunks(kNormFwdWarpRowMaxHidden - 256) < kNormFwdWarpRowMaxChunks &&
+                  (kNormFwdWarpRowMaxHidden - 256 + 1 + kNormFwdWarpRowMaxChunks * 8 - 1) / (kNormFwdWarpRowMaxChunks * 8) > 16,
+              "the forward's rows of 6 chunks: 1281-1536 columns, 27-32 threads, a warp of 32");
 // The row forward kernel's forms (its last template argument, norm_fwd_kernel.cuh); an
 // SM holds as many blocks as the scarcest of registers, warps and named barriers allow:
 // - kWide: blocks of up to kNormMaxBlockThreads, two an SM at 64 registers; a row
