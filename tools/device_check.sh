@@ -11,6 +11,9 @@
 #   STEPS="build tests" bash tools/device_check.sh       # a subset
 #   TESTS="tests/python/test_normalization.py tests/python/test_norm_normalized_shape.py" \
 #     STEPS="build tests" bash tools/device_check.sh     # some test files (default: all of tests/python)
+#   TESTS_SHARD=1/2 STEPS="build tests" bash tools/device_check.sh   # half the suite (then 2/2 in a
+#                                                        # second call): the whole of it with a build
+#                                                        # outgrew one call (520 s reached 96%, H100)
 #   STEPS="build host" bash tools/device_check.sh        # host-time benchmarks only
 #   SANITIZE_FILES="tests/python/test_gemm.py" STEPS=sanitizer bash tools/device_check.sh
 #   PROFILE_KERNELS=norm_fwd_rows_kernel PROFILE_BENCH="benchmarks/bench_norm.py --iters 1 --shapes 4096x16384" \
@@ -61,9 +64,11 @@ if step tests; then
   # pytest, not python -m pytest: the installed package, not the source tree
   # --durations: where the suite's minutes go (about 6 on an H100 in the forty-seventh
   # session), for the next trim; TESTS picks files (pytest's arguments), so that a
-  # landing's own files fit a call beside its build
+  # landing's own files fit a call beside its build; TESTS_SHARD=K/N: every N-th test from
+  # the K-th (tests/python/conftest.py's --shard)
   # shellcheck disable=SC2086  # TESTS is a list of paths
-  pytest -q -rs --durations=30 ${TESTS:-tests/python} 2>&1 | tee "$OUT/pytest.log" | tail -15
+  pytest -q -rs --durations=30 ${TESTS_SHARD:+--shard "$TESTS_SHARD"} ${TESTS:-tests/python} 2>&1 |
+    tee "$OUT/pytest.log" | tail -15
   rc=${PIPESTATUS[0]}
   note "pytest: $(tail -1 "$OUT/pytest.log")"; [ "$rc" = 0 ] || status=1
 fi

@@ -28,6 +28,49 @@ requires_cudnn = pytest.mark.skipif(CUDNN_REASON is not None, reason=f"needs cuD
 DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--shard",
+        default=None,
+        metavar="K/N",
+        help="run the K-th of N interleaved shares of the collected tests (every N-th from the K-th): "
+        "the GPU suite, longer than one device call, in N calls (tools/device_check.sh's TESTS_SHARD)",
+    )
+
+
+def _shard(value):
+    """(k, n) from "K/N", 1 <= K <= N; a usage error naming --shard otherwise."""
+    try:
+        k, n = (int(part) for part in value.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--shard takes K/N (two integers), got {value!r}") from None
+    if not 1 <= k <= n:
+        raise pytest.UsageError(f"--shard K/N needs 1 <= K <= N, got {value!r}")
+    return k, n
+
+
+_SHARD = pytest.StashKey()
+
+
+def pytest_configure(config):
+    # checked before collection, so that a bad value stops the run before any test
+    value = config.getoption("--shard")
+    config.stash[_SHARD] = None if value is None else _shard(value)
+
+
+def pytest_collection_modifyitems(config, items):
+    shard = config.stash[_SHARD]
+    if shard is None:
+        return
+    k, n = shard
+    # Interleaved, not contiguous: a file's slow parametrizations (the _large tests) spread
+    # over the shares, so each takes about 1/N of the suite's time.
+    kept = items[k - 1 :: n]
+    kept_ids = {id(item) for item in kept}
+    config.hook.pytest_deselected(items=[item for item in items if id(item) not in kept_ids])
+    items[:] = kept
+
+
 @pytest.fixture(params=DEVICES)
 def device(request):
     return request.param
