@@ -46,6 +46,8 @@ TEST(NormRowShape, ForwardBuckets) {
     const NormRowShape s = opente::norm_fwd_row_shape(hidden);
     check_shape(s, hidden, "forward");
     EXPECT_EQ(s.chunks, hidden <= 512 ? opente::kNormFwdSmallChunks : opente::kNormFwdChunks) << hidden;
+    // rows of 4 chunks are whole warps: the kernel's sums take that as given (norm_fwd_kernel.cuh)
+    if (s.chunks == opente::kNormFwdChunks) EXPECT_TRUE(s.threads_per_row % 32 == 0) << hidden;
     // the weight tiles of gamma and beta (fp32) in shared memory
     EXPECT_LE(2 * s.chunks * 8 * s.threads_per_row * 4, kMaxSmemPerBlock) << hidden;
   }
@@ -63,8 +65,10 @@ TEST(NormRowShape, ForwardExtraChunkRows) {
     check_shape(s, hidden, "forward, extra chunk counts");
     const NormRowShape plain = opente::norm_fwd_row_shape(hidden);
     const int64_t columns = int64_t(s.threads_per_row) * s.chunks * 8;
-    // the kernels of the most chunks take their groups as a warp (norm_fwd_kernel.cuh)
+    // the kernels of the most chunks take their groups as a warp, those of 4 chunks as whole
+    // warps (norm_fwd_kernel.cuh)
     if (s.chunks == opente::kNormFwdWarpRowMaxChunks) EXPECT_EQ(s.threads_per_row, 32) << hidden;
+    if (s.chunks == opente::kNormFwdChunks) EXPECT_TRUE(s.threads_per_row % 32 == 0) << hidden;
     if (hidden >= opente::kNormFwdWarpRowMinHidden && hidden <= opente::kNormFwdWarpRowMaxHidden) {
       EXPECT_EQ(s.threads_per_row, 32) << hidden;  // a warp a row: shuffles alone
       EXPECT_EQ(s.chunks, hidden <= 1280 ? 5 : 6) << hidden;

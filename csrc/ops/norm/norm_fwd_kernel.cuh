@@ -80,14 +80,15 @@ namespace norm_kernels {
 
 // y to columns [col, col + 8) of output row `r` (and of the FP8 transposed output).
 // Element-wise (!kVectorized): in the dtype p.out_dtype, kOut unused, whichever
-// pointers are set. A vectorized FP8 y: the row-wise y, or where `columnwise_alone` (the
+// pointers are set. Vectorized: the row-wise y to y_row, row r of p.output (null where
+// p.output is). A vectorized FP8 y: the row-wise y, or where `columnwise_alone` (the
 // row kernel's call of a column-wise copy alone, norm_fwd.cu) that copy alone; the
 // kernel tells the two apart once a row, since testing both pointers at every chunk took
 // about 7 instructions a chunk of layernorm's FP8 y (SASS; 2 now), and the H200 runs
 // these kernels at their instruction issue bound: there 0-2.1% faster (layernorm 16384 x
 // 4096 67.4 -> 66.2 us), on an H100 within 1.4% either way (benchmarks/RESULTS.md).
 template <bool kVectorized, te_dtype kOut>
-__device__ __forceinline__ void store_y(const NormFwdParams& p, int64_t r, int col, int hidden, bool fp8,
+__device__ __forceinline__ void store_y(const NormFwdParams& p, int64_t r, void* y_row, int col, int hidden, bool fp8,
                                         bool columnwise_alone, const float (&y)[kChunk]) {
   // [hidden, rows], a column-wise copy alone the tiled form does not take: byte stores a row apart
   auto store_transposed = [&] {
@@ -103,7 +104,6 @@ __device__ __forceinline__ void store_y(const NormFwdParams& p, int64_t r, int c
       }
     }
   };
-  using Out = typename Stored<kOut>::type;
   if constexpr (!kVectorized) {
     if (p.output) {
       const int64_t row = r * p.hidden;
@@ -117,10 +117,10 @@ __device__ __forceinline__ void store_y(const NormFwdParams& p, int64_t r, int c
     if (columnwise_alone) {
       store_transposed();
     } else {
-      store_chunk<kVectorized, kOut>(static_cast<Out*>(p.output) + r * p.hidden, col, hidden, y);
+      store_chunk<kVectorized, kOut>(y_row, col, hidden, y);
     }
   } else if (p.output) {
-    store_chunk<kVectorized, kOut>(static_cast<Out*>(p.output) + r * p.hidden, col, hidden, y);
+    store_chunk<kVectorized, kOut>(y_row, col, hidden, y);
   }
 }
 
@@ -258,6 +258,10 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
   // drops the reductions' cross-warp code for them (and the 5- and 6-chunk kernels' spills)
   constexpr bool kGroupsInAWarp = kChunks != kNormFwdChunks;
   if constexpr (kGroupsInAWarp) __builtin_assume(threads_per_row <= 32);
+  // and rows of 4 chunks (hidden > 512) whole warps (norm_row_shape.cpp; test_norm_row_shape.cpp's
+  // forward shapes): their sums' shuffle steps run without a test of the group's width, which
+  // cost a compare and a branch a step (SASS)
+  if constexpr (!kGroupsInAWarp) __builtin_assume(group.threads >= 32 && group.threads % 32 == 0);
   const int hidden = int(p.hidden);  // <= kNormFwdMaxRegisterHidden
   static_assert(!kTiled || kForm != NormRowForm::kCompact,
                 "the tiled kernels: kWide, or the small bucket's rows (kImmediates) in their shared tile");
@@ -379,6 +383,18 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
     // constant load and two compares a chunk (SASS).
     [[maybe_unused]] bool columnwise_alone = false;  // the tiled forms store from their tiles
     if constexpr (kMaybeColumnwiseAlone) columnwise_alone = opaque_per_row(int(columnwise_alone_call)) != 0;
+    // The row-wise y's row, its offset made once a row (opaque_per_row): left to the
+    // compiler, the address was rebuilt from r at every chunk (9 instructions of the 84 a
+    // chunk of layernorm's FP8 y takes, SASS; 2 now), and the H200 runs these kernels at
+    // their instruction issue bound. The offset rather than the pointer is made opaque:
+    // a pointer out of the asm is no longer known to be global, and its stores became
+    // generic ones (ST, not STG). Element-wise rows index from p.output themselves, and
+    // so do the row-wise-copy tiles: their 5-chunk kernels spilled 8 bytes holding the
+    // offset (ptxas) and took 1.7% longer (H100, layernorm's both FP8 copies at 32768 x 1280).
+    [[maybe_unused]] void* y_row = nullptr;
+    if constexpr (kVectorized && kTile != NormTile::kRowwiseCopy) {
+      if (p.output) y_row = static_cast<typename Stored<kOut>::type*>(p.output) + opaque_per_row(r * p.hidden);
+    }
     auto write_y = [&](const auto& weights) {
 #pragma unroll
       for (int j = 0; j < kChunks; ++j) {
@@ -410,13 +426,15 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
         }
         if constexpr (kTile == NormTile::kShared) {  // the row-wise copy (if asked for) and the tile's slot
           const uint2 bytes = fp8_chunk<kOut>(y);
-          if (p.output) *reinterpret_cast<uint2*>(static_cast<uint8_t*>(p.output) + r * p.hidden + col) = bytes;
+          if (y_row) *reinterpret_cast<uint2*>(static_cast<uint8_t*>(y_row) + col) = bytes;
           transpose_tile[tile_slot(int(r - tile_first), col / kChunk, hidden / kChunk, tile_rows)] = bytes;
         } else if constexpr (kTile == NormTile::kRowwiseCopy || kTile == NormTile::kTrailing) {
           // the row-wise copy, read back below (kTrailing: by a later ticket)
-          *reinterpret_cast<uint2*>(static_cast<uint8_t*>(p.output) + r * p.hidden + col) = fp8_chunk<kOut>(y);
+          uint8_t* const row = kTile == NormTile::kRowwiseCopy ? static_cast<uint8_t*>(p.output) + r * p.hidden
+                                                                : static_cast<uint8_t*>(y_row);
+          *reinterpret_cast<uint2*>(row + col) = fp8_chunk<kOut>(y);
         } else {
-          store_y<kVectorized, kOut>(p, r, col, hidden, fp8, columnwise_alone, y);
+          store_y<kVectorized, kOut>(p, r, y_row, col, hidden, fp8, columnwise_alone, y);
         }
       }
     };

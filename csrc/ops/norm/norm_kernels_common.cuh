@@ -219,7 +219,8 @@ __device__ __forceinline__ Vec8<In> staged_chunk(const uint4* stage, int j) {
 
 // `ptr`, made opaque to the compiler once per row: loads through it cannot be
 // hoisted out of the row loop as invariant. Hoisted, every chunk's weights
-// stayed in registers across the rows (up to 64 more; ptxas then spilled).
+// stayed in registers across the rows (up to 64 more; ptxas then spilled). A value
+// (a flag, a row's offset) made opaque is held as made, not rebuilt at each use.
 template <class T>
 __device__ __forceinline__ T* opaque_per_row(T* ptr) {
   asm volatile("" : "+l"(ptr));
@@ -227,6 +228,10 @@ __device__ __forceinline__ T* opaque_per_row(T* ptr) {
 }
 __device__ __forceinline__ int opaque_per_row(int v) {
   asm volatile("" : "+r"(v));
+  return v;
+}
+__device__ __forceinline__ int64_t opaque_per_row(int64_t v) {
+  asm volatile("" : "+l"(v));
   return v;
 }
 
