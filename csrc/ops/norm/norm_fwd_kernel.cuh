@@ -81,13 +81,14 @@ namespace norm_kernels {
 // y to columns [col, col + 8) of output row `r` (and of the FP8 transposed output).
 // Element-wise (!kVectorized): in the dtype p.out_dtype, kOut unused, whichever
 // pointers are set. Vectorized: the row-wise y to y_row, row r of p.output (null where
-// p.output is). A vectorized FP8 y: the row-wise y, or where `columnwise_alone` (the
-// row kernel's call of a column-wise copy alone, norm_fwd.cu) that copy alone; the
-// kernel tells the two apart once a row, since testing both pointers at every chunk took
-// about 7 instructions a chunk of layernorm's FP8 y (SASS; 2 now), and the H200 runs
-// these kernels at their instruction issue bound: there 0-2.1% faster (layernorm 16384 x
-// 4096 67.4 -> 66.2 us), on an H100 within 1.4% either way (benchmarks/RESULTS.md).
-template <bool kVectorized, te_dtype kOut>
+// p.output is), or with kFromRow to row r of p.output addressed here. A vectorized FP8 y:
+// the row-wise y, or where `columnwise_alone` (the row kernel's call of a column-wise copy
+// alone, norm_fwd.cu) that copy alone; the kernel tells the two apart once a row, since
+// testing both pointers at every chunk took about 7 instructions a chunk of layernorm's
+// FP8 y (SASS; 2 now), and the H200 runs these kernels at their instruction issue bound:
+// there 0-2.1% faster (layernorm 16384 x 4096 67.4 -> 66.2 us), on an H100 within 1.4%
+// either way (benchmarks/RESULTS.md).
+template <bool kVectorized, te_dtype kOut, bool kFromRow>
 __device__ __forceinline__ void store_y(const NormFwdParams& p, int64_t r, void* y_row, int col, int hidden, bool fp8,
                                         bool columnwise_alone, const float (&y)[kChunk]) {
   // [hidden, rows], a column-wise copy alone the tiled form does not take: byte stores a row apart
@@ -104,6 +105,7 @@ __device__ __forceinline__ void store_y(const NormFwdParams& p, int64_t r, void*
       }
     }
   };
+  using Out = typename Stored<kOut>::type;
   if constexpr (!kVectorized) {
     if (p.output) {
       const int64_t row = r * p.hidden;
@@ -117,10 +119,10 @@ __device__ __forceinline__ void store_y(const NormFwdParams& p, int64_t r, void*
     if (columnwise_alone) {
       store_transposed();
     } else {
-      store_chunk<kVectorized, kOut>(y_row, col, hidden, y);
+      store_chunk<kVectorized, kOut>(kFromRow ? static_cast<Out*>(p.output) + r * p.hidden : y_row, col, hidden, y);
     }
   } else if (p.output) {
-    store_chunk<kVectorized, kOut>(y_row, col, hidden, y);
+    store_chunk<kVectorized, kOut>(kFromRow ? static_cast<Out*>(p.output) + r * p.hidden : y_row, col, hidden, y);
   }
 }
 
@@ -383,16 +385,24 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
     // constant load and two compares a chunk (SASS).
     [[maybe_unused]] bool columnwise_alone = false;  // the tiled forms store from their tiles
     if constexpr (kMaybeColumnwiseAlone) columnwise_alone = opaque_per_row(int(columnwise_alone_call)) != 0;
-    // The row-wise y's row, its offset made once a row (opaque_per_row): left to the
-    // compiler, the address was rebuilt from r at every chunk (9 instructions of the 84 a
-    // chunk of layernorm's FP8 y takes, SASS; 2 now), and the H200 runs these kernels at
+    // The row-wise y's row, its offset made once a row and held (opaque_per_row): left to
+    // the compiler, the address was rebuilt from r at every chunk (9 instructions of the 84
+    // a chunk of layernorm's FP8 y takes, SASS; 2 held), and the H200 runs these kernels at
     // their instruction issue bound. The offset rather than the pointer is made opaque:
     // a pointer out of the asm is no longer known to be global, and its stores became
-    // generic ones (ST, not STG). Element-wise rows index from p.output themselves, and
-    // so do the row-wise-copy tiles: their 5-chunk kernels spilled 8 bytes holding the
-    // offset (ptxas) and took 1.7% longer (H100, layernorm's both FP8 copies at 32768 x 1280).
+    // generic ones (ST, not STG). Kernels where ptxas spilled the held row (sm_90a) take
+    // their address from r as before (kFromRow; tools/sass_same.py: those kernels' code as
+    // before the held row, but the 4-chunk rows' shuffles): the row-wise-copy tiles (8
+    // bytes in the 5-chunk kernels; layernorm's both FP8 copies at 32768 x 1280 1.7%
+    // slower), RMSNorm's 3-chunk rows (8-16 bytes; rmsnorm 65536 x 384 2-4.5% slower),
+    // LayerNorm's 5-chunk and compact FP8 rows (8 bytes more; 32768 x 1280 0.9%, 8192 x
+    // 6144 1.1% slower; H100 each). Element-wise rows index from p.output.
+    constexpr bool kFromRow =
+        kTile == NormTile::kRowwiseCopy ||
+        (kTile == NormTile::kNone && ((kChunks == 3 && !kLayerNorm) ||
+                                      (kLayerNorm && kIsFp8<kOut> && (kChunks == 5 || kForm == NormRowForm::kCompact))));
     [[maybe_unused]] void* y_row = nullptr;
-    if constexpr (kVectorized && kTile != NormTile::kRowwiseCopy) {
+    if constexpr (kVectorized && !kFromRow) {
       if (p.output) y_row = static_cast<typename Stored<kOut>::type*>(p.output) + opaque_per_row(r * p.hidden);
     }
     auto write_y = [&](const auto& weights) {
@@ -430,11 +440,10 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
           transpose_tile[tile_slot(int(r - tile_first), col / kChunk, hidden / kChunk, tile_rows)] = bytes;
         } else if constexpr (kTile == NormTile::kRowwiseCopy || kTile == NormTile::kTrailing) {
           // the row-wise copy, read back below (kTrailing: by a later ticket)
-          uint8_t* const row = kTile == NormTile::kRowwiseCopy ? static_cast<uint8_t*>(p.output) + r * p.hidden
-                                                                : static_cast<uint8_t*>(y_row);
+          uint8_t* const row = kFromRow ? static_cast<uint8_t*>(p.output) + r * p.hidden : static_cast<uint8_t*>(y_row);
           *reinterpret_cast<uint2*>(row + col) = fp8_chunk<kOut>(y);
         } else {
-          store_y<kVectorized, kOut>(p, r, y_row, col, hidden, fp8, columnwise_alone, y);
+          store_y<kVectorized, kOut, kFromRow>(p, r, y_row, col, hidden, fp8, columnwise_alone, y);
         }
       }
     };
