@@ -9,8 +9,10 @@
 #
 # For each patch: a detached worktree of HEAD with the patch applied; the CUDA files (.cu)
 # the patch touches, and those that include a header it touches (directly or through other
-# headers of csrc), each compiled for sm_90a as tools/sass_scan.py does (nvcc -cubin -O3,
-# the core's include paths), as many at once as this machine has cores. Prints each file's
+# headers of csrc), each compiled for sm_90a to an object as the build does (nvcc -c -O3,
+# the core's include paths: the host pass too, which parses device code and rejected a
+# device-only intrinsic the -cubin compile of tools/sass_scan.py took, sixty-fourth
+# session), as many at once as this machine has cores. Prints each file's
 # result and exits nonzero if any patch fails to apply or to compile. C++ files (.cpp) are
 # not compiled here: the device build still covers them.
 set -uo pipefail
@@ -61,8 +63,8 @@ for patch in "$@"; do
     echo "== $patch: ${#files[@]} CUDA files to compile"
     # one line a file: "ok <file>" or "FAILED <file>" and nvcc's first errors
     if ! printf '%s\n' "${files[@]}" | (cd "$tree" && xargs -r -P "$(nproc)" -I{} sh -c '
-        log=$(mktemp); out=$(mktemp --suffix=.cubin); trap "rm -f $log $out" EXIT
-        if "$0" -std=c++17 -arch=sm_90a -cubin -O3 -Icsrc -Icsrc/include -DOPENTE_WITH_CUDA=1 -DOPENTE_WITH_CUDNN=0 \
+        log=$(mktemp); out=$(mktemp --suffix=.o); trap "rm -f $log $out" EXIT
+        if "$0" -std=c++17 -arch=sm_90a -c -Xcompiler=-fPIC -O3 -Icsrc -Icsrc/include -DOPENTE_WITH_CUDA=1 -DOPENTE_WITH_CUDNN=0 \
             {} -o "$out" >"$log" 2>&1; then echo "ok {}"; else echo "FAILED {}"; grep -m5 error "$log"; exit 1; fi' \
         "$NVCC"); then
       status=1
