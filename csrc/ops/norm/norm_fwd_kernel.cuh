@@ -78,16 +78,22 @@
 namespace opente {
 namespace norm_kernels {
 
+// Row r of a vectorized y: the row kernel's y_row, made once a row, or with kFromRow
+// (the kernels where ptxas spilled a held row) addressed here from r at each use.
+template <te_dtype kOut, bool kFromRow>
+__device__ __forceinline__ void* y_row_of(const NormFwdParams& p, int64_t r, void* y_row) {
+  return kFromRow ? static_cast<typename Stored<kOut>::type*>(p.output) + r * p.hidden : y_row;
+}
+
 // y to columns [col, col + 8) of output row `r` (and of the FP8 transposed output).
 // Element-wise (!kVectorized): in the dtype p.out_dtype, kOut unused, whichever
-// pointers are set. Vectorized: the row-wise y to y_row, row r of p.output (null where
-// p.output is), or with kFromRow to row r of p.output addressed here. A vectorized FP8 y:
-// the row-wise y, or where `columnwise_alone` (the row kernel's call of a column-wise copy
-// alone, norm_fwd.cu) that copy alone; the kernel tells the two apart once a row, since
-// testing both pointers at every chunk took about 7 instructions a chunk of layernorm's
-// FP8 y (SASS; 2 now), and the H200 runs these kernels at their instruction issue bound:
-// there 0-2.1% faster (layernorm 16384 x 4096 67.4 -> 66.2 us), on an H100 within 1.4%
-// either way (benchmarks/RESULTS.md).
+// pointers are set. Vectorized: the row-wise y to row r of p.output (y_row_of; y_row null
+// where p.output is). A vectorized FP8 y: the row-wise y, or where `columnwise_alone` (the
+// row kernel's call of a column-wise copy alone, norm_fwd.cu) that copy alone; the kernel
+// tells the two apart once a row, since testing both pointers at every chunk took about 7
+// instructions a chunk of layernorm's FP8 y (SASS; 2 now), and the H200 runs these kernels
+// at their instruction issue bound: there 0-2.1% faster (layernorm 16384 x 4096 67.4 ->
+// 66.2 us), on an H100 within 1.4% either way (benchmarks/RESULTS.md).
 template <bool kVectorized, te_dtype kOut, bool kFromRow>
 __device__ __forceinline__ void store_y(const NormFwdParams& p, int64_t r, void* y_row, int col, int hidden, bool fp8,
                                         bool columnwise_alone, const float (&y)[kChunk]) {
@@ -105,7 +111,6 @@ __device__ __forceinline__ void store_y(const NormFwdParams& p, int64_t r, void*
       }
     }
   };
-  using Out = typename Stored<kOut>::type;
   if constexpr (!kVectorized) {
     if (p.output) {
       const int64_t row = r * p.hidden;
@@ -119,10 +124,10 @@ __device__ __forceinline__ void store_y(const NormFwdParams& p, int64_t r, void*
     if (columnwise_alone) {
       store_transposed();
     } else {
-      store_chunk<kVectorized, kOut>(kFromRow ? static_cast<Out*>(p.output) + r * p.hidden : y_row, col, hidden, y);
+      store_chunk<kVectorized, kOut>(y_row_of<kOut, kFromRow>(p, r, y_row), col, hidden, y);
     }
   } else if (p.output) {
-    store_chunk<kVectorized, kOut>(kFromRow ? static_cast<Out*>(p.output) + r * p.hidden : y_row, col, hidden, y);
+    store_chunk<kVectorized, kOut>(y_row_of<kOut, kFromRow>(p, r, y_row), col, hidden, y);
   }
 }
 
@@ -440,8 +445,7 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
           transpose_tile[tile_slot(int(r - tile_first), col / kChunk, hidden / kChunk, tile_rows)] = bytes;
         } else if constexpr (kTile == NormTile::kRowwiseCopy || kTile == NormTile::kTrailing) {
           // the row-wise copy, read back below (kTrailing: by a later ticket)
-          uint8_t* const row = kFromRow ? static_cast<uint8_t*>(p.output) + r * p.hidden : static_cast<uint8_t*>(y_row);
-          *reinterpret_cast<uint2*>(row + col) = fp8_chunk<kOut>(y);
+          *reinterpret_cast<uint2*>(static_cast<uint8_t*>(y_row_of<kOut, kFromRow>(p, r, y_row)) + col) = fp8_chunk<kOut>(y);
         } else {
           store_y<kVectorized, kOut, kFromRow>(p, r, y_row, col, hidden, fp8, columnwise_alone, y);
         }
