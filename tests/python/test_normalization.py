@@ -1299,8 +1299,9 @@ def test_fwd_fp8_pipelined_rows_cuda(norm, x_dtype, hidden, rows, fp8_dtype, har
 
 
 @pytest.mark.parametrize("device", ["cpu"] + CUDA)
-@pytest.mark.parametrize("shape", [(72, 256), (72, 384), (72, 768), (64, 1000), (37, 1001), (37, 1024), (40, 2048),
-                                   (40, 4096), (40, 6144), (8, 16392)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(72, 256), (16, 320), (72, 384), (24, 640), (72, 768), (64, 1000), (37, 1001),
+                                   (37, 1024), (40, 1408), (40, 2048), (40, 4096), (40, 6144), (8, 16392)],
+                         ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_fp8_columnwise_copy_alone(norm, shape, device, gen):
     """An FP8 output with only its column-wise copy (the C API allows a null row-wise
@@ -1308,7 +1309,8 @@ def test_fwd_fp8_columnwise_copy_alone(norm, shape, device, gen):
     row-wise copy of the usual call, bytes past it untouched. 72 x 384, 72 x 768 and 40 x
     6144 take the tiled kernel's shared tile on CUDA, and so does RMSNorm's 40 x 4096; the
     others the row kernel's byte stores (40 x 2048: no row-wise copy for the tile to be
-    read back from)."""
+    read back from; 16 x 320 and 24 x 640 its rows of 5 chunks a thread, on 8 and 16 lanes,
+    40 x 1408 of 6 on a warp)."""
     rows, hidden = shape
     x, w, b = make_inputs((rows,), hidden, torch.bfloat16, torch.float32, False, gen)
     x, w, b = x.to(device), w.to(device), b.to(device)
