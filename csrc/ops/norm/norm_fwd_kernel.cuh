@@ -402,10 +402,9 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
     // slower), RMSNorm's 3-chunk rows (8-16 bytes; rmsnorm 65536 x 384 2-4.5% slower),
     // LayerNorm's 5-chunk and compact FP8 rows (8 bytes more; 32768 x 1280 0.9%, 8192 x
     // 6144 1.1% slower; H100 each). Element-wise rows index from p.output.
-    constexpr bool kFromRow =
-        kTile == NormTile::kRowwiseCopy ||
-        (kTile == NormTile::kNone && ((kChunks == 3 && !kLayerNorm) ||
-                                      (kLayerNorm && kIsFp8<kOut> && (kChunks == 5 || kForm == NormRowForm::kCompact))));
+    constexpr bool kSpillingRows = (kChunks == 3 && !kLayerNorm) ||
+                                   (kLayerNorm && kIsFp8<kOut> && (kChunks == 5 || kForm == NormRowForm::kCompact));
+    constexpr bool kFromRow = kTile == NormTile::kRowwiseCopy || (kTile == NormTile::kNone && kSpillingRows);
     [[maybe_unused]] void* y_row = nullptr;
     if constexpr (kVectorized && !kFromRow) {
       if (p.output) y_row = static_cast<typename Stored<kOut>::type*>(p.output) + opaque_per_row(r * p.hidden);
@@ -445,7 +444,8 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
           transpose_tile[tile_slot(int(r - tile_first), col / kChunk, hidden / kChunk, tile_rows)] = bytes;
         } else if constexpr (kTile == NormTile::kRowwiseCopy || kTile == NormTile::kTrailing) {
           // the row-wise copy, read back below (kTrailing: by a later ticket)
-          *reinterpret_cast<uint2*>(static_cast<uint8_t*>(y_row_of<kOut, kFromRow>(p, r, y_row)) + col) = fp8_chunk<kOut>(y);
+          uint8_t* const row = static_cast<uint8_t*>(y_row_of<kOut, kFromRow>(p, r, y_row));
+          *reinterpret_cast<uint2*>(row + col) = fp8_chunk<kOut>(y);
         } else {
           store_y<kVectorized, kOut, kFromRow>(p, r, y_row, col, hidden, fp8, columnwise_alone, y);
         }
