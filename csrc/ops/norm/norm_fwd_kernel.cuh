@@ -328,35 +328,24 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
       variance = __fmaf_rn(-mu, mu, row_mean(sums.y));
       // A mean larger than the spread would cost the variance its low bits (and mu its
       // accuracy): such rows sum the deviations from mu and their squares again, and mu
-      // takes their mean as a correction. Warp-uniform, as the sum's full-warp shuffles
-      // need (rows of up to 512 elements share a warp); every thread of a multi-warp
-      // group agrees already.
+      // takes their mean as a correction (far_row_statistics). Every thread of a
+      // multi-warp group agrees on `far` already.
+      // (a vectorized chunk wholly past the row is skipped; an element past it counts 0)
+      const auto chunk_in_row = [&](int j) { return !kVectorized || group.column(j) < hidden; };
+      const auto deviations = [&](int j, float m, float (&d)[kChunk]) {
+        const int col = group.column(j);
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) d[i] = in_row<kVectorized>(col, i, hidden) ? x.at(j, i) - m : 0.0f;
+      };
       const bool far = mu * mu > variance;
-      if (__any_sync(0xffffffffu, far)) {
-        float sum_d = 0.0f, sum_dd = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kChunks; ++j) {
-          const int col = group.column(j);
-          if (!kVectorized || col < hidden) {
-            float d[kChunk];
-#pragma unroll
-            for (int i = 0; i < kChunk; ++i) d[i] = in_row<kVectorized>(col, i, hidden) ? x.at(j, i) - mu : 0.0f;
-            sum_d += chunk_sum(d);
-            sum_dd += chunk_sum_of_squares(d);
-          }
+      far_row_statistics<kChunks>(far, mu, variance, pair_reduction, chunk_in_row, deviations, row_mean, [&] {
+        if constexpr (kTile == NormTile::kShared) {
+          // The named barrier the far rows' sum passes, so that every group of the block
+          // passes as many: with uneven counts compute-sanitizer's racecheck reported the
+          // shared tile's writes and reads across the block's barrier as hazards.
+          if (group.threads > 32) sync_row_group<kImmediateBarrier>(1 + group.index, group.threads);
         }
-        const float2 again = pair_reduction.sum(make_float2(sum_d, sum_dd));
-        if (far) {
-          const float shift = row_mean(again.x);
-          mu += shift;
-          variance = __fmaf_rn(-shift, shift, row_mean(again.y));
-        }
-      } else if constexpr (kTile == NormTile::kShared) {
-        // The named barrier the other branch's sum passes, so that every group of the
-        // block passes as many: with uneven counts compute-sanitizer's racecheck reported
-        // the shared tile's writes and reads across the block's barrier as hazards.
-        if (group.threads > 32) sync_row_group<kImmediateBarrier>(1 + group.index, group.threads);
-      }
+      });
       if (variance < 0.0f) variance = 0.0f;  // rounding; a NaN row stays NaN (fmaxf would drop it)
     } else {
       float sum_sq = 0.0f;

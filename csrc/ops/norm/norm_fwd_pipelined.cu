@@ -103,27 +103,16 @@ __global__ void __launch_bounds__(kMaxThreads, 2) norm_fwd_pipelined_kernel(Norm
       const float2 sums = pair_reduction.sum(make_float2(sum_x, sum_sq));
       mu = sums.x / float(hidden);
       variance = __fmaf_rn(-mu, mu, sums.y / float(hidden));
+      const auto deviations = [&](int j, float m, float (&d)[kChunk]) {
+        float x[kChunk];
+        x_chunk(j, x);
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) d[i] = x[i] - m;
+      };
       const bool far = mu * mu > variance;  // the same in every thread of the block
-      if (__any_sync(0xffffffffu, far)) {
-        float sum_d = 0.0f, sum_dd = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kChunks; ++j) {
-          if (group.column(j) < hidden) {
-            float x[kChunk], d[kChunk];
-            x_chunk(j, x);
-#pragma unroll
-            for (int i = 0; i < kChunk; ++i) d[i] = x[i] - mu;
-            sum_d += chunk_sum(d);
-            sum_dd += chunk_sum_of_squares(d);
-          }
-        }
-        const float2 again = pair_reduction.sum(make_float2(sum_d, sum_dd));
-        if (far) {
-          const float shift = again.x / float(hidden);
-          mu += shift;
-          variance = __fmaf_rn(-shift, shift, again.y / float(hidden));
-        }
-      }
+      far_row_statistics<kChunks>(
+          far, mu, variance, pair_reduction, [&](int j) { return group.column(j) < hidden; }, deviations,
+          [&](float sum) { return sum / float(hidden); }, [] {});
       if (variance < 0.0f) variance = 0.0f;  // rounding; a NaN row stays NaN
     } else {
       float sum_sq = 0.0f;

@@ -469,6 +469,41 @@ __device__ __forceinline__ float chunk_sum_of_squares(const float (&v)[kChunk]) 
   return (pair[0] + pair[1]) + (pair[2] + pair[3]);
 }
 
+// LayerNorm's statistics of a row whose mean outweighs its spread (`far`: mu^2 > variance,
+// both from the raw moments; norm_fwd_kernel.cuh, "Statistics"): the sums of the deviations
+// d = x - mu and of d^2 (a second reduction of a pair), and mu + sum(d) / n, sum(d^2) / n -
+// (sum(d) / n)^2 in place of mu and the variance. Called by every thread of the warp (its
+// sums take full-warp shuffles, and rows of up to 512 elements share a warp), which runs
+// the sums if any of its rows is far; a row that is not keeps its statistics.
+// in_row(j): whether chunk j holds columns of the row (a chunk wholly past it is not
+// added); deviations(j, mu, d): its deviations (0 past the row); mean(sum): the row's mean
+// of a sum; otherwise(): what a warp without a far row does instead of the sums.
+template <int kChunks, class PairReduction, class InRow, class Deviations, class Mean, class Otherwise>
+__device__ __forceinline__ void far_row_statistics(bool far, float& mu, float& variance, PairReduction& reduction,
+                                                   InRow in_row, Deviations deviations, Mean mean,
+                                                   Otherwise otherwise) {
+  if (__any_sync(0xffffffffu, far)) {
+    float sum_d = 0.0f, sum_dd = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      if (in_row(j)) {
+        float d[kChunk];
+        deviations(j, mu, d);
+        sum_d += chunk_sum(d);
+        sum_dd += chunk_sum_of_squares(d);
+      }
+    }
+    const float2 again = reduction.sum(make_float2(sum_d, sum_dd));
+    if (far) {
+      const float shift = mean(again.x);
+      mu += shift;
+      variance = __fmaf_rn(-shift, shift, mean(again.y));
+    }
+  } else {
+    otherwise();
+  }
+}
+
 __device__ __forceinline__ float add(float a, float b) { return a + b; }
 __device__ __forceinline__ float2 add(float2 a, float2 b) { return make_float2(a.x + b.x, a.y + b.y); }
 __device__ __forceinline__ float shfl_xor(float v, int offset) { return __shfl_xor_sync(0xffffffffu, v, offset); }

@@ -239,8 +239,7 @@ constexpr int64_t kNormBwdMaxRegisterHidden = int64_t(kNormMaxBlockThreads) * kN
 // than half of a block's threads (a row group a block).
 static_assert(kNormFwdSmallMaxHidden <= 32 * kNormFwdSmallChunks * 8 &&
                   kNormFwdHalfWarpRowMaxHidden <= 32 * kNormFwdFiveChunks * 8 &&
-                  norm_fwd_warp_row_chunks(kNormFwdWarpRowMaxHidden) * 8 * 32 >= kNormFwdWarpRowMaxHidden &&
-                  norm_fwd_warp_row_chunks(kNormFwdWarpRowMaxHidden) <= kNormFwdWarpRowMaxChunks,
+                  norm_fwd_warp_row_chunks(kNormFwdWarpRowMaxHidden) * 8 * 32 >= kNormFwdWarpRowMaxHidden,
               "the forward's rows of 2, 3, 5 or 6 chunks a thread: a warp or less");
 static_assert(2 * ((kNormFwdTrailingLnMinHidden + kNormFwdChunks * 8 - 1) / (kNormFwdChunks * 8)) > kNormMaxBlockThreads,
               "LayerNorm's trailing tiles: a row group a block");
