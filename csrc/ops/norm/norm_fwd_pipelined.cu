@@ -100,9 +100,10 @@ __global__ void __launch_bounds__(kMaxThreads, 2) norm_fwd_pipelined_kernel(Norm
           sum_sq += chunk_sum_of_squares(x);
         }
       }
+      const auto row_mean = [&](float sum) { return sum / float(hidden); };
       const float2 sums = pair_reduction.sum(make_float2(sum_x, sum_sq));
-      mu = sums.x / float(hidden);
-      variance = __fmaf_rn(-mu, mu, sums.y / float(hidden));
+      mu = row_mean(sums.x);
+      variance = __fmaf_rn(-mu, mu, row_mean(sums.y));
       const auto deviations = [&](int j, float m, float (&d)[kChunk]) {
         float x[kChunk];
         x_chunk(j, x);
@@ -111,8 +112,8 @@ __global__ void __launch_bounds__(kMaxThreads, 2) norm_fwd_pipelined_kernel(Norm
       };
       const bool far = mu * mu > variance;  // the same in every thread of the block
       far_row_statistics<kChunks>(
-          far, mu, variance, pair_reduction, [&](int j) { return group.column(j) < hidden; }, deviations,
-          [&](float sum) { return sum / float(hidden); }, [] {});
+          far, mu, variance, pair_reduction, [&](int j) { return group.column(j) < hidden; }, deviations, row_mean,
+          [] {});
       if (variance < 0.0f) variance = 0.0f;  // rounding; a NaN row stays NaN
     } else {
       float sum_sq = 0.0f;
