@@ -16,13 +16,14 @@
 #                                                        # outgrew one call (520 s reached 96%, H100)
 #   STEPS="build host" bash tools/device_check.sh        # host-time benchmarks only
 #   SANITIZE_FILES="tests/python/test_gemm.py" STEPS=sanitizer bash tools/device_check.sh
+#   SANITIZE_TOOLS=racecheck SANITIZE_SHARD=2/3 STEPS=sanitizer bash tools/device_check.sh  # a third of it
 #   PROFILE_KERNELS=norm_fwd_rows_kernel PROFILE_BENCH="benchmarks/bench_norm.py --iters 1 --shapes 4096x16384" \
 #     STEPS=profile bash tools/device_check.sh
 #   PROFILE_KERNELS=softmax_fwd_rows_kernel STEPS="build profile" \
 #     PROFILE_BENCH="benchmarks/bench_softmax.py --iters 1 --ops masked --shapes 2x16x512x2047" \
 #     bash tools/device_check.sh      # then: python3 tools/ncu_sass.py ncu_softmax_fwd_rows_kernel.sass.csv
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/opente_device}
 STEPS=${STEPS:-"build tests bench sanitizer"}  # also: profile (ncu; default: the cast kernels), host
 JOBS=$(nproc)
@@ -93,6 +94,7 @@ if step profile; then
   # Each report's source page too (ncu_<kernel>.sass.csv: every SASS line's executed count
   # and stall samples), which tools/ncu_sass.py reads.
   for kernel in ${PROFILE_KERNELS:-cast_kernel cast_transpose_kernel dequantize_kernel amax_kernel}; do
+    # shellcheck disable=SC2086  # PROFILE_BENCH is a command line
     ncu --clock-control none --kernel-name "$kernel" --launch-skip 5 --launch-count 1 \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
       --section SchedulerStats --section MemoryWorkloadAnalysis --section InstructionStats \
@@ -105,9 +107,15 @@ if step profile; then
 fi
 
 if step sanitizer; then
-  for tool in memcheck racecheck; do
+  # SANITIZE_TOOLS: one of them alone (a racecheck cut off by a call's limit, again);
+  # SANITIZE_SHARD=K/N: every N-th selected test from the K-th (--shard, as TESTS_SHARD), for
+  # a run longer than one call (the sixty-sixth session's racecheck of the forward's tests,
+  # 1446 of them, stopped at 96% after five minutes, its last 58 tests all of one function)
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
+    # shellcheck disable=SC2086  # SANITIZE_FILES is a list of paths
     compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 \
-      pytest -q -x -k "${SANITIZE_K:-(cuda or fused_attn) and not large and not memory}" -m "not exhaustive and not child_process" \
+      pytest -q -x ${SANITIZE_SHARD:+--shard "$SANITIZE_SHARD"} \
+      -k "${SANITIZE_K:-(cuda or fused_attn) and not large and not memory}" -m "not exhaustive and not child_process" \
       ${SANITIZE_FILES:-tests/python} >"$OUT/sanitizer_$tool.log" 2>&1
     rc=$?
     note "compute-sanitizer $tool: rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1) | $(grep -E 'passed|failed' "$OUT/sanitizer_$tool.log" | tail -1)"
