@@ -258,12 +258,22 @@ __global__ void __launch_bounds__(kNormFwdBlockBound<kTile, kIn, kForm>,
   constexpr bool kOneRowGroup = kTile == NormTile::kTrailing && kLayerNorm;
   // Rows of 6 chunks a thread take exactly a warp (norm_launch.h): the group's index and rank
   // a shift and a mask of a constant, where the division by threads_per_row was held in a
-  // register that the 6-chunk tiles' kernels spilled and reloaded once a row (ptxas)
+  // register that the 6-chunk tiles' kernels spilled and reloaded once a row (ptxas), and
+  // the rank known to be below 32 (RowGroup::power_of_two)
   constexpr bool kWarpGroups = kChunks == kNormFwdWarpRowMaxChunks;
-  const RowGroup group = kOneRowGroup ? RowGroup::whole_block() : RowGroup(kWarpGroups ? 32 : threads_per_row);
   // Rows of 2, 3, 5 or 6 chunks a thread take a warp or less (norm_launch.h): the compiler
   // drops the reductions' cross-warp code for them (and the 5- and 6-chunk kernels' spills)
   constexpr bool kGroupsInAWarp = kChunks != kNormFwdChunks;
+  // Those groups are a power of two of threads (a shift and a mask); rows of 4 chunks take
+  // whole warps, their index by a reciprocal, about 30 instructions fewer than the division
+  // (with the reciprocal for every group, RMSNorm's 3-chunk rows spilled 16-24 bytes and
+  // lost 1.3-5% at 65536 x 384, H100). The row-wise-copy tiles' rows in a warp keep the
+  // division: under either other form ptxas spilled 8 bytes in their 5-chunk kernels (sm_90a).
+  const RowGroup group = kOneRowGroup                      ? RowGroup::whole_block()
+                         : kWarpGroups                     ? RowGroup::power_of_two(32)
+                         : !kGroupsInAWarp                 ? RowGroup::by_reciprocal(threads_per_row)
+                         : kTile == NormTile::kRowwiseCopy ? RowGroup(threads_per_row)
+                                                           : RowGroup::power_of_two(threads_per_row);
   if constexpr (kGroupsInAWarp) __builtin_assume(threads_per_row <= 32);
   // and rows of 4 chunks (hidden > 512) whole warps (norm_row_shape.cpp; test_norm_row_shape.cpp's
   // forward shapes): their sums' shuffle steps run without a test of the group's width, which
