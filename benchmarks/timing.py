@@ -5,6 +5,7 @@ latency."""
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 
@@ -62,11 +63,19 @@ def time_rounds_us(fns, iters: int, rounds: int = 5, warmup: int = 5) -> list[fl
     return [statistics.median(fn_times) for fn_times in times]
 
 
-def copy_bandwidth(nbytes: int, iters: int) -> float:
-    """Device-to-device copy of `nbytes`: bytes read + written per second."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
-    dst = torch.empty_like(src)
-    return 2 * nbytes / (time_us(lambda: dst.copy_(src), iters) * 1e-6)
+def copy_bandwidth(nbytes: int, iters: int, sources: int = 1) -> float:
+    """Device-to-device copy of `nbytes`: bytes read + written per second. The calls take
+    `sources` source buffers in turn into one destination, as a benchmark's op calls
+    take that many copies of their inputs in turn (so that no call finds its inputs in
+    the L2) while each call's output lands in the block the caching allocator freed at
+    the call before. With one source, a copy whose source and destination fit in the L2
+    read the source from there from the second call on (H100: 12-18 MiB copies at
+    99-108% of the 1 GiB copy's rate, 65-74% with three sources and three destinations;
+    benchmarks/RESULTS.md, norm section, sixty-eighth session)."""
+    buffers = [torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_() for _ in range(sources)]
+    dst = torch.empty_like(buffers[0])
+    turn = itertools.cycle(buffers)
+    return 2 * nbytes / (time_us(lambda: dst.copy_(next(turn)), iters) * 1e-6)
 
 
 def add_ops_argument(parser) -> None:
@@ -75,7 +84,8 @@ def add_ops_argument(parser) -> None:
     parser.add_argument("--ops", default="", help="comma-separated pieces of op names to run (default: all)")
 
 
-def print_bandwidth_table(script: str, rows, iters: int, shape_header: str, ops: str = "") -> None:
+def print_bandwidth_table(script: str, rows, iters: int, shape_header: str, ops: str = "",
+                          input_copies: int = 1) -> None:
     """The table of the memory-bound benchmarks: ``rows`` yields (op, shape text, bytes
     moved, ours, theirs), those whose op name contains a piece of ``ops`` (comma-separated;
     empty: all); each line gives our time, GB/s, the fraction of the 1 GiB copy
@@ -83,7 +93,9 @@ def print_bandwidth_table(script: str, rows, iters: int, shape_header: str, ops:
     the same bytes as the op (read + written: a copy of half of them), PyTorch's time and
     the speed-up. The 1 GiB copy is the device's sustained rate; a copy of the op's own
     size pays the same launch and ramp-up as the op, which weigh more the shorter it runs
-    (a 128 MiB copy ran at 96% of the 1 GiB copy's rate on an H100, bench_quantize.py)."""
+    (a 128 MiB copy ran at 96% of the 1 GiB copy's rate on an H100, bench_quantize.py).
+    input_copies: how many copies of its inputs the benchmark's ops cycle over; the
+    same-bytes copy cycles over as many sources (copy_bandwidth), the 1 GiB copy needs none."""
     from transformer_engine import _core
 
     if not torch.cuda.is_available() or not _core.built_with_cuda():
@@ -100,7 +112,7 @@ def print_bandwidth_table(script: str, rows, iters: int, shape_header: str, ops:
             continue
         us, torch_us = time_pair_us(ours, theirs, iters)
         if nbytes not in same_bytes_bw:
-            same_bytes_bw[nbytes] = copy_bandwidth(max(nbytes // 2, 1), iters)
+            same_bytes_bw[nbytes] = copy_bandwidth(max(nbytes // 2, 1), iters, input_copies)
         bw = nbytes / (us * 1e-6)
         print(f"| {name} | {shape} | {us:.1f} | {bw / 1e9:.0f} | {bw / copy_bw:.1%} | {bw / same_bytes_bw[nbytes]:.1%} "
               f"| {torch_us:.1f} | {torch_us / us:.2f}x |")
