@@ -821,6 +821,8 @@ _BF16, _FP16, _FP32 = torch.bfloat16, torch.float16, torch.float32
         (37, 384, _BF16, None, False),  # vectorized, 24 elements a thread on 16 lanes
         (37, 1152, _BF16, None, False),  # vectorized, 40 elements a thread, a warp a row
         (600, 4096, _BF16, None, False),  # vectorized, four-warp rows, two groups a block
+        (300, 5120, _BF16, None, False),  # a row a block, and a block a row (hidden > 4096)
+        (37, 12288, _BF16, None, False),  # twelve-warp rows, a block a row
         (200, 2048, _FP16, None, False),  # two-warp rows, four groups a block
         (64, 1024, _FP32, None, False),  # fp32, a warp a row
         (37, 1000, _BF16, None, False),  # vectorized, the last lanes' chunks past the row
@@ -837,9 +839,9 @@ _BF16, _FP16, _FP32 = torch.bfloat16, torch.float16, torch.float32
         (37, 768, _BF16, _FP32, False),  # y in another dtype than x: element-wise
         (5, 16392, _BF16, None, False),  # rows too long for registers: the fallback kernel
     ],
-    ids=["h64", "h384", "h1152", "h4096", "h2048_fp16", "h1024_fp32", "h1000", "h1001", "h1536", "h2560", "h64_fp16",
-         "h384_fp16", "h1152_fp16", "h1536_fp16", "h2560_fp16", "h64_fp32", "h4096_misaligned", "bf16_to_fp32",
-         "h16392"],
+    ids=["h64", "h384", "h1152", "h4096", "h5120", "h12288", "h2048_fp16", "h1024_fp32", "h1000", "h1001", "h1536",
+         "h2560", "h64_fp16", "h384_fp16", "h1152_fp16", "h1536_fp16", "h2560_fp16", "h64_fp32", "h4096_misaligned",
+         "bf16_to_fp32", "h16392"],
 )
 @pytest.mark.parametrize("norm", NORMS)
 def test_fwd_float_amax(norm, rows, hidden, x_dtype, out_dtype, misaligned, device, gen):

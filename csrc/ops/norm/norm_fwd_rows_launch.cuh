@@ -33,10 +33,16 @@ void launch_norm_fwd_rows(const NormFwdParams& p, const NormRowShape& shape, int
     // 24.0 / 22.0 -> 20.6; shapes whose four waves already stride (65536 x 768, 32768 x
     // 1024, 4096 x 12288) are unchanged. No fixed wave count was best everywhere
     // (benchmarks/RESULTS.md).
+    // A float y's amax where a row takes the whole block (hidden > 4096: one row group of
+    // 160-512 threads) keeps a block a row, as without the amax: H100, two rounds each,
+    // layernorm and rmsnorm at 2048-16384 x 5120-16384 1.0-3.3% faster so. An FP8 y there
+    // keeps the cap and the pairs: layernorm's was 1.4-6.3% slower a block a row
+    // (benchmarks/RESULTS.md, norm section, sixty-eighth session).
+    const bool capped = takes_amax && (shape.rows_per_block > 1 || is_fp8(p.out_dtype));
     const int amax_waves = shape.threads_per_row < 32 ? 2 : kReducingKernelWaves;
     int64_t grid = norm_resident_grid(reinterpret_cast<const void*>(kernel), shape, 0, p.rows, device,
-                                      takes_amax ? amax_waves : kUncappedWaves);
-    if (takes_amax) {
+                                      capped ? amax_waves : kUncappedWaves);
+    if (capped) {
       const int64_t row_groups = (p.rows + shape.rows_per_block - 1) / shape.rows_per_block;
       grid = std::max<int64_t>(1, std::min(grid, (row_groups + 1) / 2));
     }
