@@ -70,8 +70,8 @@ def copy_bandwidth(nbytes: int, iters: int, sources: int = 1) -> float:
     the L2) while each call's output lands in the block the caching allocator freed at
     the call before. With one source, a copy whose source and destination fit in the L2
     read the source from there from the second call on (H100: 12-18 MiB copies at
-    99-108% of the 1 GiB copy's rate, 65-74% with three sources and three destinations;
-    benchmarks/RESULTS.md, norm section, sixty-eighth session)."""
+    99-108% of the 1 GiB copy's rate, 80-89% with three sources; benchmarks/RESULTS.md,
+    norm section, sixty-eighth session)."""
     buffers = [torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_() for _ in range(sources)]
     dst = torch.empty_like(buffers[0])
     turn = itertools.cycle(buffers)
