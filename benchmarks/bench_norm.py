@@ -21,10 +21,8 @@ pass) and their autograd backward (timed as backward of a saved graph, dx and dw
 
 Each call takes the next of three copies of its inputs: the time of one memory-bound
 kernel moved by up to 30% between runs with a single set of buffers (H100), with
-where they lay. The same-bytes copy takes three sources in turn likewise (into one
-destination, as each call's output lands where the last call's was freed): with one
-source, copies of 12-18 MiB read it from the L2 and ran at 99-108% of the 1 GiB
-copy's rate, a reference no op reading its inputs from DRAM could meet.
+where they lay. The same-bytes copy takes as many sources in turn (timing.copy_bandwidth
+says why).
 """
 
 from __future__ import annotations
