@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads)
   uint4* stages = reinterpret_cast<uint4*>(smem);
   const int stage_words = RowShare<In, kChunks, kVectorized>::kStageWords * int(blockDim.x);
   float* gamma_tile = reinterpret_cast<float*>(smem) + (kStaged ? 2 * 2 * 4 * stage_words : 0);
-  // kSharedSums: [kColumnSums][tile] in tile order; else [rows_per_block][kColumnSums][hidden]
+  // kSharedSums: [kColumnSums][tile]; else [rows_per_block][kColumnSums][tile]; both in the tile's order
   float* sums = gamma_tile + tile;
   // gamma's tile (and the shared sums' zeros); staged rows issue their first step's
   // copies before it (kept here otherwise: moved there, the fp32 rows kernels took 5-8
@@ -372,31 +372,50 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads)
       if constexpr (kLayerNorm) emit(hidden + c, sums[tile + f]);
     }
   } else {
-    // The groups' sums into their slices of shared memory (a group covers every
-    // column exactly once), then the slices folded pairwise in a fixed order.
-    float* mine = sums + int64_t(group.index) * kColumnSums * hidden;
+    // The groups' sums into their slices of shared memory, [kColumnSums][tile] each in the
+    // weight tile's order (a thread's chunk as two 16-byte words beside its neighbours'),
+    // then the slices folded pairwise in a fixed order, element by element, and read back
+    // in column order: the same additions as in column order, so the same bits. Stored in
+    // column order, a thread's 8 columns 32 bytes past its neighbour's, each 4-byte store of
+    // a warp met the same 4 banks 8 times (256 store cycles a warp for LayerNorm's 32 sums a
+    // thread, 4096 for a block of 16 warps at its end); so, LayerNorm's backward was
+    // 1.5-4.1% faster on an H100 (16384 x 768 36.5 -> 35.5 us, 65536 x 256 44.4 -> 42.6,
+    // 262144 x 64 44.9 -> 43.3), RMSNorm's 0.3-1.9% (benchmarks/RESULTS.md, seventieth
+    // session). The entries past the row (a row group's lanes past hidden) hold sums of
+    // zeros and are never read back.
+    float* mine = sums + int64_t(group.index) * kColumnSums * tile;
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
-      const int col = group.column(j);
 #pragma unroll
-      for (int i = 0; i < kChunk; ++i) {
-        if (col + i < hidden) {
-          mine[col + i] = dgamma[j][i];
-          if constexpr (kLayerNorm) mine[hidden + col + i] = dbeta[j][i];
+      for (int h = 0; h < 2; ++h) {
+        const int quad = (j * 2 + h) * group.threads + group.thread;
+        reinterpret_cast<float4*>(mine)[quad] =
+            make_float4(dgamma[j][4 * h], dgamma[j][4 * h + 1], dgamma[j][4 * h + 2], dgamma[j][4 * h + 3]);
+        if constexpr (kLayerNorm) {
+          reinterpret_cast<float4*>(mine + tile)[quad] =
+              make_float4(dbeta[j][4 * h], dbeta[j][4 * h + 1], dbeta[j][4 * h + 2], dbeta[j][4 * h + 3]);
         }
       }
     }
     __syncthreads();
-    const int slice = kColumnSums * hidden;
+    const int slice_quads = kColumnSums * tile / 4;  // the tile is whole chunks: a multiple of 8
+    float4* quads = reinterpret_cast<float4*>(sums);
     for (int n = rows_per_block; n > 1;) {
       const int half = (n + 1) / 2;  // slices [half, n) onto [0, n - half)
-      for (int k = int(threadIdx.x); k < (n - half) * slice; k += int(blockDim.x)) {
-        sums[k] += sums[k + half * slice];
+      for (int k = int(threadIdx.x); k < (n - half) * slice_quads; k += int(blockDim.x)) {
+        float4 a = quads[k];
+        const float4 b = quads[k + half * slice_quads];
+        a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
+        quads[k] = a;
       }
       __syncthreads();
       n = half;
     }
-    for (int k = int(threadIdx.x); k < slice; k += int(blockDim.x)) emit(k, sums[k]);
+    for (int c = int(threadIdx.x); c < hidden; c += int(blockDim.x)) {
+      const int f = tile_index(c, threads_per_row);
+      emit(c, sums[f]);
+      if constexpr (kLayerNorm) emit(hidden + c, sums[tile + f]);
+    }
   }
   if (finalize_in_grid) {
     // launched cooperatively (every block resident): once every block's partial row is
@@ -445,8 +464,8 @@ __global__ void __launch_bounds__(kFinalizeThreads)
 size_t bwd_smem_bytes(const NormBwdParams& p, const NormRowShape& shape, bool staged) {
   const size_t column_sums = p.type == NormType::kLayerNorm ? 2 : 1;
   const size_t tile = weight_tile_floats(shape.chunks, shape.threads_per_row);
-  const size_t sums = bwd_sums_shared(p, shape) ? column_sums * tile
-                                                         : size_t(shape.rows_per_block) * column_sums * size_t(p.hidden);
+  // the shared sums, or the row groups' slices of the register sums (both in the tile's order)
+  const size_t sums = (bwd_sums_shared(p, shape) ? 1 : size_t(shape.rows_per_block)) * column_sums * tile;
   // two buffers of dz's and x's chunks (RowShare::stage): 16 bytes a chunk of a 16-bit row
   const size_t stages = staged ? 2 * 2 * size_t(shape.chunks) * 16 * size_t(shape.block_threads()) : 0;
   return stages + (tile + sums) * sizeof(float);
