@@ -364,18 +364,12 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads)
     }
   };
   if constexpr (kSharedSums) {
-    // one row group a block: its sums are the block's, read back in column order
-    __syncthreads();
-    for (int c = int(threadIdx.x); c < hidden; c += int(blockDim.x)) {
-      const int f = tile_index(c, threads_per_row);
-      emit(c, sums[f]);
-      if constexpr (kLayerNorm) emit(hidden + c, sums[tile + f]);
-    }
+    __syncthreads();  // one row group a block: its sums are the block's
   } else {
     // The groups' sums into their slices of shared memory, [kColumnSums][tile] each in the
     // weight tile's order (a thread's chunk as two 16-byte words beside its neighbours'),
-    // then the slices folded pairwise in a fixed order, element by element, and read back
-    // in column order: the same additions as in column order, so the same bits. Stored in
+    // then the slices folded pairwise in a fixed order, element by element, into the first
+    // slice: the same additions as in column order, so the same bits. Stored in
     // column order, a thread's 8 columns 32 bytes past its neighbour's, each 4-byte store of
     // a warp met the same 4 banks 8 times (256 store cycles a warp for LayerNorm's 32 sums a
     // thread, 4096 for a block of 16 warps at its end); so, LayerNorm's backward was
@@ -411,11 +405,12 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads)
       __syncthreads();
       n = half;
     }
-    for (int c = int(threadIdx.x); c < hidden; c += int(blockDim.x)) {
-      const int f = tile_index(c, threads_per_row);
-      emit(c, sums[f]);
-      if constexpr (kLayerNorm) emit(hidden + c, sums[tile + f]);
-    }
+  }
+  // the block's sums, [kColumnSums][tile] in the tile's order, read back in column order
+  for (int c = int(threadIdx.x); c < hidden; c += int(blockDim.x)) {
+    const int f = tile_index(c, threads_per_row);
+    emit(c, sums[f]);
+    if constexpr (kLayerNorm) emit(hidden + c, sums[tile + f]);
   }
   if (finalize_in_grid) {
     // launched cooperatively (every block resident): once every block's partial row is
