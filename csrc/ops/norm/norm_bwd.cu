@@ -166,16 +166,22 @@ __device__ __forceinline__ void finalize_share(const float* partials, int slots,
     if (ty < lanes) {
       KahanSum sum;
       if (k < columns) {
-        int s = ty;
-        // four slots' loads in flight before their sums: this sits on the op's critical path
-        for (; s + 3 * lanes < slots; s += 4 * lanes) {
-          float v[4];
+        // kBatch slots' loads in flight before their sums, as many as a lane has at a grid
+        // of up to kBatch * lanes blocks (a wave of 132 one-block SMs: 5 a lane): this sits on
+        // the op's critical path, and batches of 4 left a fifth load, a second L2 round trip,
+        // to the first lanes of each column. The sums in slot order, as one at a time.
+        constexpr int kBatch = 8;
+        for (int s = ty; s < slots; s += kBatch * lanes) {
+          float v[kBatch];
 #pragma unroll
-          for (int u = 0; u < 4; ++u) v[u] = partials[int64_t(s + u * lanes) * 2 * hidden + k];
+          for (int u = 0; u < kBatch; ++u) {
+            v[u] = s + u * lanes < slots ? partials[int64_t(s + u * lanes) * 2 * hidden + k] : 0.0f;
+          }
 #pragma unroll
-          for (int u = 0; u < 4; ++u) sum.add(v[u]);
+          for (int u = 0; u < kBatch; ++u) {
+            if (s + u * lanes < slots) sum.add(v[u]);
+          }
         }
-        for (; s < slots; s += lanes) sum.add(partials[int64_t(s) * 2 * hidden + k]);
       }
       scratch[ty * n + tx] = sum.sum;
     }
