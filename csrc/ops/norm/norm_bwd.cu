@@ -170,6 +170,8 @@ __device__ __forceinline__ void finalize_share(const float* partials, int slots,
         // of up to kBatch * lanes blocks (a wave of 132 one-block SMs: 5 a lane): this sits on
         // the op's critical path, and batches of 4 left a fifth load, a second L2 round trip,
         // to the first lanes of each column. The sums in slot order, as one at a time.
+        // Batches of 24, and this batch's addresses and tests in fewer integer instructions,
+        // were both 0.5-2.8% slower on an H100 (benchmarks/RESULTS.md, seventy-first session).
         constexpr int kBatch = 8;
         for (int s = ty; s < slots; s += kBatch * lanes) {
           float v[kBatch];
