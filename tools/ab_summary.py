@@ -8,7 +8,11 @@ each variant's time (the median over its rounds) and its ratio to the base build
 Reads the lines device_ab.sh prefixes with a variant's name, "[name] | op | shape | us |
 ... | same-bytes % | ...", as benchmarks/timing.py's print_bandwidth_table prints them
 (bench_norm, bench_activation, bench_softmax, bench_rope); other lines are skipped. A
-ratio below 1 is faster than the base. Prints a markdown table for RESULTS.md. Rows are
+ratio below 1 is faster than the base. Prints a markdown table for RESULTS.md, then a line
+a variant saying at how many lines all its rounds were faster (or slower) than all of the
+base's, and the largest spread between rounds of one line (`apart`): a median's ratio
+within the rounds' spread is noise, one whose rounds do not overlap the base's is not
+(with two rounds, as device_ab.sh runs by default, a small but real change). Rows are
 kept apart by the header of the table they came from too ("rows x hidden (bf16, fp32
 weights)"): a command that runs a benchmark twice, e.g. with bf16 and with fp32 weights at
 the same shapes, gets a line for each, its shape followed by the header's words.
@@ -87,6 +91,37 @@ def table(variants: list[str], times: dict, base: str = "base") -> list[str]:
     return lines
 
 
+def rounds_apart(base_runs, runs) -> int:
+    """-1 where every one of `runs` is faster than every base round, 1 where every one is
+    slower, 0 where they overlap (or either has none)."""
+    if not base_runs or not runs:
+        return 0
+    base_us, us = [u for u, _ in base_runs], [u for u, _ in runs]
+    if max(us) < min(base_us):
+        return -1
+    if min(us) > max(base_us):
+        return 1
+    return 0
+
+
+def apart(variants: list[str], times: dict, base: str = "base") -> list[str]:
+    """A line a variant other than the base: at how many of the table's lines its rounds
+    all beat (or all trail) the base's, and the largest spread (max - min, us) between the
+    rounds of one line, its own and the base's."""
+    def spread(runs):
+        return max(u for u, _ in runs) - min(u for u, _ in runs) if runs else 0.0
+
+    base_spread = max((spread(v.get(base)) for v in times.values()), default=0.0)
+    lines = []
+    for variant in (v for v in variants if v != base):
+        counts = collections.Counter(rounds_apart(v.get(base), v.get(variant)) for v in times.values())
+        own = max((spread(v.get(variant)) for v in times.values()), default=0.0)
+        lines.append(f"{variant}: every round faster than every base round at {counts[-1]} of {len(times)} "
+                     f"lines, slower at {counts[1]}; the largest spread between one line's rounds "
+                     f"{own:.1f} us (base {base_spread:.1f} us)")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("file", nargs="?", help="device_ab.sh output (default: standard input)")
@@ -95,6 +130,8 @@ def main() -> None:
     with (open(args.file) if args.file else sys.stdin) as f:
         variants, times = collect(f)
     print("\n".join(table(variants, times, args.base)))
+    print()
+    print("\n".join(apart(variants, times, args.base)))
 
 
 if __name__ == "__main__":

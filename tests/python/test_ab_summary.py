@@ -64,3 +64,19 @@ def test_the_same_shape_under_two_tables_keeps_two_lines():
     assert lines[2] == "| layernorm bwd | 8192 x 5120 (bf16) | 91.0 (69.0%) | 81.0 (78.0%), 0.890x |"
     assert "| layernorm bwd | 8192 x 5120 (bf16, fp32 weights) | 99.0 (69.0%) | 81.0 (78.0%), 0.818x |" in lines
     assert len(lines) == 6
+
+
+def test_rounds_apart_from_the_base_and_their_spread():
+    """layernorm: x.patch's rounds (80, 82) all below the base's (90, 92); rmsnorm: one
+    x.patch round of 80 against the base's two of 80, which overlap. The spreads: 2 us for
+    each (layernorm's rounds), 0 where a variant has one round."""
+    variants, times = ab_summary.collect(OUTPUT.splitlines())
+    key = ("layernorm bwd", "8192 x 5120", "rows x hidden (bf16)")
+    assert ab_summary.rounds_apart(times[key]["base"], times[key]["x.patch"]) == -1
+    assert ab_summary.rounds_apart(times[key]["x.patch"], times[key]["base"]) == 1
+    rms = ("rmsnorm bwd", "8192 x 5120", "rows x hidden (bf16)")
+    assert ab_summary.rounds_apart(times[rms]["base"], times[rms]["x.patch"]) == 0
+    assert ab_summary.rounds_apart(times[rms]["base"], []) == 0
+    assert ab_summary.apart(variants, times) == [
+        "x.patch: every round faster than every base round at 1 of 2 lines, slower at 0; "
+        "the largest spread between one line's rounds 2.0 us (base 2.0 us)"]
