@@ -11,8 +11,8 @@ Reads the lines device_ab.sh prefixes with a variant's name, "[name] | op | shap
 ratio below 1 is faster than the base. Prints a markdown table for RESULTS.md, then a line
 a variant saying at how many lines all its rounds were faster (or slower) than all of the
 base's, and the largest spread between rounds of one line (`apart`): a median's ratio
-within the rounds' spread is noise, one whose rounds do not overlap the base's is not
-(with two rounds, as device_ab.sh runs by default, a small but real change). Rows are
+within the rounds' spread is noise; one whose rounds do not overlap the base's, at most
+lines, is less likely so (with device_ab.sh's default two rounds, still no proof). Rows are
 kept apart by the header of the table they came from too ("rows x hidden (bf16, fp32
 weights)"): a command that runs a benchmark twice, e.g. with bf16 and with fp32 weights at
 the same shapes, gets a line for each, its shape followed by the header's words.
