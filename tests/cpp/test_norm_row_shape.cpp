@@ -438,6 +438,36 @@ TEST(NormRowShape, FinalizeColumns) {
   EXPECT_EQ(512 % opente::kNormFinalizeNarrowColumns, 0);
 }
 
+TEST(NormRowShape, EvenStepsGrid) {
+  using opente::norm_even_steps_grid;
+  // an H100's wave of one block an SM: 2048 rows took 16 steps on 68 blocks, 15 on 64
+  EXPECT_EQ(norm_even_steps_grid(2048, 132), 128);
+  EXPECT_EQ(norm_even_steps_grid(4096, 132), 128);   // 31.03 steps: 32 on 128 blocks
+  EXPECT_EQ(norm_even_steps_grid(8192, 396), 391);   // three blocks an SM, 21 steps
+  EXPECT_EQ(norm_even_steps_grid(2112, 132), 132);   // already even
+  // where the even grid would idle more than a sixteenth of the blocks: unchanged
+  EXPECT_EQ(norm_even_steps_grid(131, 130), 130);    // 66 blocks would take the 2 steps
+  EXPECT_EQ(norm_even_steps_grid(1000, 396), 396);   // 334 would
+  EXPECT_EQ(norm_even_steps_grid(100, 132), 132);    // fewer items than blocks
+  EXPECT_EQ(norm_even_steps_grid(5, 1), 1);
+  // everywhere: no more blocks than given, no more steps, and the fewest blocks for those
+  // steps where the grid changes, which then loses at most a sixteenth of its blocks
+  for (int64_t grid = 1; grid <= 600; grid += 7) {
+    for (int64_t items = 1; items <= 40 * grid; items += 1 + items / 13) {
+      SCOPED_TRACE(testing::Message() << items << " items, grid " << grid);
+      const int64_t even = norm_even_steps_grid(items, grid);
+      const int64_t steps = (items + grid - 1) / grid;
+      ASSERT_GE(even, 1);
+      ASSERT_LE(even, grid);
+      ASSERT_EQ((items + even - 1) / even, steps);
+      if (even != grid) {
+        EXPECT_LE((grid - even) * 16, grid);
+        EXPECT_LT((even - 1) * steps, items) << "not the fewest";  // one block fewer would need a step more
+      }
+    }
+  }
+}
+
 TEST(NormRowShape, BenchmarkedSizes) {
   auto same = [](const NormRowShape& s, int chunks, int threads, int rows) {
     return s.chunks == chunks && s.threads_per_row == threads && s.rows_per_block == rows;

@@ -1004,6 +1004,20 @@ def test_bwd_cuda_long_rows_block_pairs(x_dtype, hidden, rows, device, gen):
 
 
 @pytest.mark.parametrize("device", CUDA)
+@pytest.mark.parametrize("hidden", [12288, 16384], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("norm", NORMS)
+def test_bwd_cuda_long_rows_even_steps(norm, hidden, device, gen):
+    """Rows filling half of the pipelined backward's last step of a wave (15.5 rows a block
+    at a block an SM, as on an H100 at these widths) run on the fewest blocks that take
+    them in 16 steps (norm_even_steps_grid: 128 of 132 on an H100, layernorm's in pairs),
+    every block 16 rows but the last. Against the references, and a second call gives the
+    same bits."""
+    sms = torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
+    check_bwd_cuda(norm, 15 * sms + sms // 2, hidden, torch.bfloat16, torch.float32, False, device, gen,
+                   repeat=True)
+
+
+@pytest.mark.parametrize("device", CUDA)
 @pytest.mark.parametrize("rows", [3, 200, 1000], ids=lambda r: f"rows{r}")
 @pytest.mark.parametrize("hidden", [5128, 6144, 8200, 8704, 9216, 9224, 11264, 12288, 12296], ids=lambda h: f"h{h}")
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16], ids=dtype_id)

@@ -371,13 +371,14 @@ int64_t norm_bwd_pipelined_cuda(const NormBwdParams& p, int device, float* parti
       if (holding_grid >= grid) kernel = holding_kernel, fn = holding_fn, grid = holding_grid;
     }
     const int cluster = cluster_blocks_for(fn, shape.threads_per_row, smem, grid, p.rows, layernorm, device);
+    // every block (cluster) as many rows, on the fewest blocks, where that idles few SMs
+    grid = (norm_even_steps_grid(p.rows, grid / cluster * cluster) + cluster - 1) / cluster * cluster;
     if (cluster == 1) {
       kernel<<<unsigned(grid), unsigned(shape.threads_per_row), smem, as_stream(stream)>>>(p, partials, 1);
       check_launch("norm_bwd_pipelined_kernel");
       slots = grid;
       return;
     }
-    grid = grid / cluster * cluster;  // cluster_blocks_for: at most a sixteenth of the blocks lost
     cudaLaunchAttribute attribute;
     const cudaLaunchConfig_t config =
         cluster_launch_config(grid, shape.threads_per_row, smem, as_stream(stream), cluster, attribute);

@@ -312,6 +312,13 @@ NormRowShape norm_bwd_pipelined_row_shape(int64_t hidden) {
   return shape;
 }
 
+int64_t norm_even_steps_grid(int64_t items, int64_t grid) {
+  if (grid <= 1 || items <= grid) return grid;
+  const int64_t steps = (items + grid - 1) / grid;
+  const int64_t even = (items + steps - 1) / steps;
+  return (grid - even) * 16 <= grid ? even : grid;
+}
+
 // The finalize's width: narrow while wide blocks would be fewer than 1.5 an SM.
 int norm_finalize_columns(int64_t hidden, int multiprocessors) {
   const int64_t wide_blocks = (hidden + kNormFinalizeWideColumns - 1) / kNormFinalizeWideColumns;
