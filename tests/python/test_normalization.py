@@ -1009,9 +1009,9 @@ def test_bwd_cuda_long_rows_block_pairs(x_dtype, hidden, rows, device, gen):
 def test_bwd_cuda_long_rows_even_steps(norm, hidden, device, gen):
     """Rows filling half of the pipelined backward's last step of a wave (15.5 rows a block
     at a block an SM, as on an H100 at these widths) run on the fewest blocks that take
-    them in 16 steps (norm_even_steps_grid: 128 of 132 on an H100, layernorm's in pairs),
-    every block 16 rows but the last. Against the references, and a second call gives the
-    same bits."""
+    them in 16 steps (norm_even_steps_grid: 128 of 132 on an H100, layernorm's in pairs;
+    126 of them take 16 rows, 2 take 15). Against the references, and a second call gives
+    the same bits."""
     sms = torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
     check_bwd_cuda(norm, 15 * sms + sms // 2, hidden, torch.bfloat16, torch.float32, False, device, gen,
                    repeat=True)

@@ -267,10 +267,10 @@ int64_t norm_bwd_grid(int64_t resident_grid, int device);
 
 // A grid of `grid` blocks striding over `items` (rows, a row a block a step) takes
 // ceil(items / grid) steps a block, and where items is not a multiple of grid some blocks
-// run one step fewer while their SMs wait for the rest. This gives the fewest blocks that
-// take the items in as many steps, each block all of them (the last one's last step may
-// fall short), where that idles at most a sixteenth of the grid (always where blocks take
-// 16 steps or more); else `grid`. Taken by the pipelined backward, whose steps are rows
+// run one step fewer while their SMs wait for the rest (grid * steps - items blocks, up to
+// grid - 1). This gives the fewest blocks that take the items in as many steps, so that
+// fewer than `steps` blocks run one fewer, where that idles at most a sixteenth of the grid
+// (always where blocks take 16 steps or more); else `grid`. Taken by the pipelined backward, whose steps are rows
 // of 4097 to 16384 (benchmarks/RESULTS.md, seventy-second session): H100, us, 3 rounds,
 // base / even steps: layernorm 2048 x 16384 (68 blocks of 132 ran 16 rows, 64 ran 15;
 // now 128 blocks run 16) 86.7 / 85.6, 4096 x 12288 121.3 / 118.3, 8192 x 8192 157.0 /
