@@ -9,9 +9,10 @@ forward's row kernel and a transpose pass), so a session can tell which one hold
 
 Inputs as bench_norm.py's (bf16 x and dz, weights in x's dtype, three copies cycled so that
 no call finds its inputs in the L2 from the call before); each op runs `--calls` times
-under the profiler after a warm-up. Prints a line a kernel: its median time, how many
-times it ran a call, and the median over the calls of the op's kernels added up against
-the copy kernel's (a ratio of kernel times, without the launch gaps the events see).
+under the profiler after a warm-up. Prints a line an op: a call's kernel time (each
+kernel's median times its launches a call, added up) against the copy kernel's (a ratio
+of kernel times, without the launch gaps the events see); then a line a kernel: its
+median time and how many times it ran a call.
 Needs a GPU and an installed OpenTE.
 """
 

@@ -270,14 +270,14 @@ int64_t norm_bwd_grid(int64_t resident_grid, int device);
 // run one step fewer while their SMs wait for the rest (grid * steps - items blocks, up to
 // grid - 1). This gives the fewest blocks that take the items in as many steps, so that
 // fewer than `steps` blocks run one fewer, where that idles at most a sixteenth of the grid
-// (always where blocks take 16 steps or more); else `grid`. Taken by the pipelined backward, whose steps are rows
-// of 4097 to 16384 (benchmarks/RESULTS.md, seventy-second session): H100, us, 3 rounds,
-// base / even steps: layernorm 2048 x 16384 (68 blocks of 132 ran 16 rows, 64 ran 15;
-// now 128 blocks run 16) 86.7 / 85.6, 4096 x 12288 121.3 / 118.3, 8192 x 8192 157.0 /
-// 153.8, 2048 x 8192 50.0 / 49.2; rmsnorm 2048 x 8192 47.6 / 46.3, 2048 x 16384 83.8 /
-// 83.1; no shape slower by more than 0.4% (rmsnorm 4096 x 12288 115.0 / 115.4). The
-// register backward's steps (a block's row groups, hidden <= 4096) moved within 0.7%
-// either way under it, and keep their grid.
+// (always where blocks take 16 steps or more); else `grid`. Taken by the pipelined
+// backward, whose steps are rows of 4097 to 16384 (benchmarks/RESULTS.md, seventy-second
+// session): H100, us, 3 rounds, base / even steps: layernorm 2048 x 16384 (68 blocks of
+// 132 ran 16 rows, 64 ran 15; now 128 blocks run 16) 86.7 / 85.6, 4096 x 12288 121.3 /
+// 118.3, 8192 x 8192 157.0 / 153.8, 2048 x 8192 50.0 / 49.2; rmsnorm 2048 x 8192 47.6 /
+// 46.3, 2048 x 16384 83.8 / 83.1; no shape slower by more than 0.4% (rmsnorm 4096 x 12288
+// 115.0 / 115.4). The register backward's steps (a block's row groups, hidden <= 4096)
+// moved within 0.7% either way under it, and keep their grid.
 int64_t norm_even_steps_grid(int64_t items, int64_t grid);
 
 // The pipelined backward (norm_bwd_pipelined.cu): whether it takes these rows (16-bit,
