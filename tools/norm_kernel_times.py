@@ -9,32 +9,60 @@ forward's row kernel and a transpose pass), so a session can tell which one hold
 
 Inputs as bench_norm.py's (bf16 x and dz, weights in x's dtype, three copies cycled so that
 no call finds its inputs in the L2 from the call before); each op runs `--calls` times
-under the profiler after a warm-up. Prints a line an op: a call's kernel time (each
-kernel's median times its launches a call, added up) against the copy kernel's (a ratio
-of kernel times, without the launch gaps the events see); then a line a kernel: its
-median time and how many times it ran a call.
+under the profiler after a warm-up. A kernel launched as a programmatic dependent (the
+backward's finalize) starts while the kernel before still runs and waits inside, so its
+own start-to-end time holds the other's: a call's time is therefore its span, from its
+first kernel's start to its last kernel's end, and each kernel is charged the time by
+which it moves the call's end (its end past every earlier kernel's). Prints a line an op:
+the median span against the copy's (a ratio of GPU times, without the launch gaps
+bench_norm.py's events see); then a line a kernel: the median of its start-to-end time
+and of the time it adds to the span.
 Needs a GPU and an installed OpenTE.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import statistics
 
 
-def kernel_medians(events, calls: int) -> dict[str, tuple[float, float]]:
-    """(kernel name, us) pairs of `calls` calls -> name -> (median us, launches a call),
-    names in order of first appearance."""
-    times: dict[str, list[float]] = collections.defaultdict(list)
-    for name, us in events:
-        times[name].append(us)
-    return {name: (statistics.median(ts), len(ts) / calls) for name, ts in times.items()}
+def call_timelines(events, calls: int) -> list[list[tuple[str, float, float]]]:
+    """(kernel name, start us, end us) of `calls` calls, each launching the same kernels ->
+    the calls' kernels in launch order, a list a call."""
+    if not events or len(events) % calls:
+        raise ValueError(f"{len(events)} kernel events do not split into {calls} calls of as many kernels")
+    ordered = sorted(events, key=lambda e: e[1])
+    per_call = len(ordered) // calls
+    timelines = [ordered[k * per_call:(k + 1) * per_call] for k in range(calls)]
+    names = [name for name, _, _ in timelines[0]]
+    for timeline in timelines[1:]:
+        if [name for name, _, _ in timeline] != names:
+            raise ValueError("the calls did not launch the same kernels in the same order")
+    return timelines
 
 
-def op_kernel_us(medians: dict[str, tuple[float, float]]) -> float:
-    """A call's kernel time: each kernel's median times its launches a call, added up."""
-    return sum(us * per_call for us, per_call in medians.values())
+def call_span_and_shares(timeline) -> tuple[float, list[tuple[str, float, float]]]:
+    """One call's kernels -> (its span: first start to last end, [(name, the kernel's own
+    start-to-end time, the time by which it moves the call's end past every earlier kernel's)]).
+    The shares add up to the span."""
+    call_start = timeline[0][1]
+    latest_end = call_start
+    shares = []
+    for name, start, end in timeline:
+        shares.append((name, end - start, max(0.0, end - latest_end)))
+        latest_end = max(latest_end, end)
+    return latest_end - call_start, shares
+
+
+def median_call(events, calls: int) -> tuple[float, list[tuple[str, float, float]]]:
+    """The calls' median span, and each kernel's median own time and median share of the span."""
+    per_call = [call_span_and_shares(t) for t in call_timelines(events, calls)]
+    span = statistics.median(s for s, _ in per_call)
+    kernels = []
+    for k, (name, _, _) in enumerate(per_call[0][1]):
+        kernels.append((name, statistics.median(shares[k][1] for _, shares in per_call),
+                        statistics.median(shares[k][2] for _, shares in per_call)))
+    return span, kernels
 
 
 def short_name(name: str, width: int = 70) -> str:
@@ -56,7 +84,7 @@ def main() -> None:
     args = parser.parse_args()
     copies = 3
 
-    def profiled(call, inputs) -> dict[str, tuple[float, float]]:
+    def profiled(call, inputs) -> tuple[float, list[tuple[str, float, float]]]:
         for k in range(2 * copies):
             call(inputs[k % copies])
         torch.cuda.synchronize()
@@ -64,10 +92,10 @@ def main() -> None:
             for k in range(args.calls):
                 call(inputs[k % copies])
             torch.cuda.synchronize()
-        # a kernel's own event (one a launch): its start to its end on the GPU
-        events = [(e.name, e.time_range.elapsed_us()) for e in prof.events()
+        # a kernel's (or a copy's) own event, one a launch: its start and end on the GPU
+        events = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
                   if e.device_type == torch.autograd.DeviceType.CUDA]
-        return kernel_medians(events, args.calls)
+        return median_call(events, args.calls)
 
     for shape in args.shapes.split(","):
         rows, hidden = map(int, shape.split("x"))
@@ -94,13 +122,12 @@ def main() -> None:
             sources = [torch.empty(rows * hidden * bytes_per_element // 2, dtype=torch.uint8, device="cuda")
                        for _ in range(copies)]
             target = torch.empty_like(sources[0])
-            copy_us = op_kernel_us(profiled(lambda s: target.copy_(s), sources))
-            medians = profiled(call, inputs)
-            total = op_kernel_us(medians)
-            print(f"{rows} x {hidden} {op}: kernels {total:.1f} us a call, copy kernel {copy_us:.1f} us "
-                  f"({copy_us / total:.1%} of the copy's rate)")
-            for name, (us, per_call) in medians.items():
-                print(f"    {us:8.1f} us x{per_call:g}  {short_name(name)}")
+            copy_us, _ = profiled(lambda s: target.copy_(s), sources)
+            span, kernels = profiled(call, inputs)
+            print(f"{rows} x {hidden} {op}: {span:.1f} us a call on the GPU (first kernel's start to last's "
+                  f"end), copy {copy_us:.1f} us ({copy_us / span:.1%} of the copy's rate)")
+            for name, own, share in kernels:
+                print(f"    runs {own:7.1f} us, adds {share:6.1f} us  {short_name(name)}")
 
 
 if __name__ == "__main__":
