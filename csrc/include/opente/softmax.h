@@ -44,7 +44,12 @@
  * Sizes: any sk >= 1, no upper limit (Transformer Engine's fused kernels stop at
  * 16384). Tensors with zero elements are accepted and nothing is written.
  * scale must be finite. The CPU reference sums each row in index order; the CUDA
- * kernels sum in another order and agree with it within fp32 rounding.
+ * kernels sum in another order and agree with it within fp32 rounding. One limit of
+ * range: the CUDA kernels of rows that fit one block or one cluster (all but the
+ * longest rows) exponentiate in base 2, from z_j * log2(e); where that overflows, at
+ * |z_j| above FLT_MAX / log2(e) (about 2.36e38, reachable from float32 inputs only),
+ * a row with a z_j above 2.36e38, or whose every z_j is below -2.36e38, comes out NaN
+ * where the reference gives its finite softmax.
  *
  * stream: a cudaStream_t for CUDA tensors; ignored on the CPU. */
 #ifndef OPENTE_SOFTMAX_H_
