@@ -30,6 +30,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <type_traits>
 
 #include "common/cuda_dependent_launch.cuh"
@@ -203,6 +204,49 @@ __device__ __forceinline__ void finalize_share(const float* partials, int slots,
   }
 }
 
+// The block's row groups' column sums end in rows_per_block slices of shared memory,
+// folded pairwise: slices [half, n) onto [0, n - half), half = (n + 1) / 2, until one is
+// left. The last rounds, from at most kRegisterFoldSlices slices, run in registers, a
+// quad of every slice a thread (fold_quad_slices), in the same order: the same bits.
+constexpr int kRegisterFoldSlices = 8;
+
+__device__ __forceinline__ float4 add_quads(float4 a, const float4& b) {
+  a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
+  return a;
+}
+
+// The rounds from kSlices slices, s[0] the result: unrolled, so s stays in registers.
+template <int kSlices>
+__device__ __forceinline__ void fold_slices_in_order(float4 (&s)[kRegisterFoldSlices]) {
+  if constexpr (kSlices > 1) {
+    constexpr int half = (kSlices + 1) / 2;
+#pragma unroll
+    for (int k = 0; k < kSlices - half; ++k) s[k] = add_quads(s[k], s[k + half]);
+    fold_slices_in_order<half>(s);
+  }
+}
+
+// Slice k's quad at first[k * stride], for k < slices (1 to kRegisterFoldSlices), folded.
+__device__ __forceinline__ float4 fold_quad_slices(const float4* first, int stride, int slices) {
+  float4 s[kRegisterFoldSlices];
+#pragma unroll
+  for (int k = 0; k < kRegisterFoldSlices; ++k) {
+    if (k < slices) s[k] = first[k * stride];  // every load before the first add
+  }
+  switch (slices) {
+    case 8: fold_slices_in_order<8>(s); break;
+    case 7: fold_slices_in_order<7>(s); break;
+    case 6: fold_slices_in_order<6>(s); break;
+    case 5: fold_slices_in_order<5>(s); break;
+    case 4: fold_slices_in_order<4>(s); break;
+    case 3: fold_slices_in_order<3>(s); break;
+    case 2: fold_slices_in_order<2>(s); break;
+    default: break;  // one slice: the sums themselves
+  }
+  return s[0];
+}
+static_assert(kRegisterFoldSlices == 8, "fold_quad_slices' cases go up to 8 slices");
+
 // Partial sums written by block b: partials[b][0][c] = sum dz * xhat, partials[b][1][c]
 // = sum dz (LayerNorm only) over the block's rows. Each thread adds them for its
 // columns over the rows it visits: in registers (kNormBwdChunks), or, for the long
@@ -373,18 +417,24 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads)
   };
   if constexpr (kSharedSums) {
     __syncthreads();  // one row group a block: its sums are the block's
+    // the block's sums, [kColumnSums][tile] in the tile's order, read back in column order
+    for (int c = int(threadIdx.x); c < hidden; c += int(blockDim.x)) {
+      const int f = tile_index(c, threads_per_row);
+      emit(c, sums[f]);
+      if constexpr (kLayerNorm) emit(hidden + c, sums[tile + f]);
+    }
   } else {
     // The groups' sums into their slices of shared memory, [kColumnSums][tile] each in the
     // weight tile's order (a thread's chunk as two 16-byte words beside its neighbours'),
-    // then the slices folded pairwise in a fixed order, element by element, into the first
-    // slice: the same additions as in column order, so the same bits. Stored in
+    // then the slices folded pairwise in a fixed order, element by element, into one:
+    // the same additions as in column order, so the same bits. Stored in
     // column order, a thread's 8 columns 32 bytes past its neighbour's, each 4-byte store of
     // a warp met the same 4 banks 8 times (256 store cycles a warp for LayerNorm's 32 sums a
     // thread, 4096 for a block of 16 warps at its end); so, LayerNorm's backward was
     // 1.5-4.1% faster on an H100 (16384 x 768 36.5 -> 35.5 us, 65536 x 256 44.4 -> 42.6,
     // 262144 x 64 44.9 -> 43.3), RMSNorm's 0.3-1.9% (benchmarks/RESULTS.md, seventieth
     // session). The entries past the row (a row group's lanes past hidden) hold sums of
-    // zeros and are never read back.
+    // zeros and are never stored.
     float* mine = sums + int64_t(group.index) * kColumnSums * tile;
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
@@ -400,25 +450,52 @@ __global__ void __launch_bounds__(kNormMaxBlockThreads)
       }
     }
     __syncthreads();
+    // Rounds in shared memory while more than kRegisterFoldSlices slices are left (rows of
+    // up to 512 columns, on 32 lanes or fewer: 16 or more row groups a block)...
     const int slice_quads = kColumnSums * tile / 4;  // the tile is whole chunks: a multiple of 8
     float4* quads = reinterpret_cast<float4*>(sums);
-    for (int n = rows_per_block; n > 1;) {
+    int n = rows_per_block;
+    while (n > kRegisterFoldSlices) {
       const int half = (n + 1) / 2;  // slices [half, n) onto [0, n - half)
       for (int k = int(threadIdx.x); k < (n - half) * slice_quads; k += int(blockDim.x)) {
-        float4 a = quads[k];
-        const float4 b = quads[k + half * slice_quads];
-        a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
-        quads[k] = a;
+        quads[k] = add_quads(quads[k], quads[k + half * slice_quads]);
       }
       __syncthreads();
       n = half;
     }
-  }
-  // the block's sums, [kColumnSums][tile] in the tile's order, read back in column order
-  for (int c = int(threadIdx.x); c < hidden; c += int(blockDim.x)) {
-    const int f = tile_index(c, threads_per_row);
-    emit(c, sums[f]);
-    if constexpr (kLayerNorm) emit(hidden + c, sums[tile + f]);
+    // ...then the rest of the rounds in registers, a thread a chunk (8 columns, two quads)
+    // of every slice, each quad's loads 16-byte words in the tile's order (a warp's meet
+    // no bank twice), its 8 sums stored as they end. At hidden 768 (8 slices of 8 KiB)
+    // layernorm's block, its slices stored, then read and wrote about 180 KiB of shared
+    // memory between three barriers, when every round was a pass over shared memory and the
+    // sums were read back once more in column order to be stored; this way it reads the
+    // slices' 64 KiB once, and no barrier follows: layernorm's backward 2.0% faster at
+    // 16384 x 768 (35.2 -> 34.5 us on an H100) and 2.5% at 4096 x 768, rmsnorm's 0.7% and
+    // 2.2%, none slower, dgamma / dbeta the same bits (tools/norm_bwd_same_bits.py;
+    // benchmarks/RESULTS.md, seventy-fourth session).
+    const int tile_quads = tile / 4, tile_chunks = tile / kChunk;  // a column sum's
+    // 16-byte stores where every partial row and column sum starts on 16 bytes
+    const bool vector_out = !direct && hidden % 4 == 0 && reinterpret_cast<uintptr_t>(partials) % 16 == 0;
+    for (int c = int(threadIdx.x); c < kColumnSums * tile_chunks; c += int(blockDim.x)) {
+      // chunk j of the row group's thread t, in column sum k
+      const int k = c / tile_chunks, t = c % tile_chunks % threads_per_row, j = c % tile_chunks / threads_per_row;
+      const int col = (j * threads_per_row + t) * kChunk;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int quad = k * tile_quads + (j * 2 + h) * threads_per_row + t;
+        const float4 v = fold_quad_slices(quads + quad, slice_quads, n);
+        const int first = col + 4 * h;
+        if (vector_out) {
+          if (first < hidden) *reinterpret_cast<float4*>(out + k * hidden + first) = v;
+        } else {
+          const float folded[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            if (first + i < hidden) emit(k * hidden + first + i, folded[i]);
+          }
+        }
+      }
+    }
   }
   if (finalize_in_grid) {
     // launched cooperatively (every block resident): once every block's partial row is
